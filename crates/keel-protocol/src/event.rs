@@ -1,0 +1,291 @@
+//! The event log: an append-only, numbered record of everything a run did.
+//!
+//! Names and fields follow SPEC §3 exactly; optional fields are omitted
+//! rather than sent as `null`.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{ErrorBody, Usage};
+
+/// What the model decided at a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Action {
+    Respond,
+    CallTool,
+    Clarify,
+}
+
+/// What the loop decided about a proposal (`policy_decision.decision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Execute,
+    Clarify,
+    Fallback,
+    Deny,
+    Approve,
+    Respond,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Execute => "execute",
+            Self::Clarify => "clarify",
+            Self::Fallback => "fallback",
+            Self::Deny => "deny",
+            Self::Approve => "approve",
+            Self::Respond => "respond",
+        }
+    }
+}
+
+/// One call as the model proposed it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedCall {
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+}
+
+/// A persisted event: common fields plus the typed payload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub run_id: String,
+    pub seq: u64,
+    pub ts: DateTime<Utc>,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+impl Event {
+    pub fn type_name(&self) -> &'static str {
+        self.kind.type_name()
+    }
+
+    /// Whether the run ends with this event (the stream closes after it).
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self.kind,
+            EventKind::RunCompleted { .. }
+                | EventKind::RunFailed { .. }
+                | EventKind::RunCancelled { .. }
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EventKind {
+    RunStarted {
+        input: String,
+        session: String,
+        agent: String,
+    },
+    ModeDecision {
+        mode: String,
+        source: String,
+    },
+    ReactPlan {
+        step: u32,
+        action: Action,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<PlannedCall>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        intent: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        confidence: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        missing_slots: Option<Vec<String>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        brief_rationale: Option<String>,
+    },
+    PolicyDecision {
+        step: u32,
+        decision: Decision,
+        reason: String,
+        rule: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+    },
+    ToolCall {
+        step: u32,
+        call_id: String,
+        tool: String,
+        arguments: Value,
+    },
+    ToolResult {
+        step: u32,
+        call_id: String,
+        tool: String,
+        ok: bool,
+        duration_ms: u64,
+        output: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    Verify {
+        step: u32,
+        call_id: String,
+        passed: bool,
+        rule: String,
+        detail: String,
+    },
+    ReactFeedback {
+        step: u32,
+        code: String,
+        detail: String,
+    },
+    ClarificationNeeded {
+        question: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool: Option<String>,
+        missing_slots: Vec<String>,
+        round: u32,
+    },
+    ApprovalRequired {
+        approval_id: String,
+        tool: String,
+        arguments: Value,
+        risk: String,
+        reason: String,
+    },
+    ApprovalResolved {
+        approval_id: String,
+        decision: String,
+        by: String,
+        reason: String,
+    },
+    LoopDetected {
+        detector: String,
+        level: String,
+        tool: String,
+        count: u32,
+    },
+    DriftDetected {
+        score: f64,
+        reason: String,
+    },
+    Reflection {
+        on_track: bool,
+        note: String,
+    },
+    Checkpoint {
+        checkpoint_id: String,
+        step: u32,
+    },
+    ContextReset {
+        checkpoint_id: String,
+        kept: Value,
+    },
+    Compaction {
+        tokens_before: u64,
+        tokens_after: u64,
+        mode: String,
+    },
+    SteeringApplied {
+        text: String,
+        skipped_calls: Vec<String>,
+    },
+    FollowUpStarted {
+        text: String,
+    },
+    MessageDelta {
+        text: String,
+    },
+    Final {
+        answer: String,
+    },
+    RunCompleted {
+        reason: String,
+        usage: Usage,
+    },
+    RunFailed {
+        error: ErrorBody,
+    },
+    RunCancelled {
+        by: String,
+    },
+}
+
+impl EventKind {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::RunStarted { .. } => "run_started",
+            Self::ModeDecision { .. } => "mode_decision",
+            Self::ReactPlan { .. } => "react_plan",
+            Self::PolicyDecision { .. } => "policy_decision",
+            Self::ToolCall { .. } => "tool_call",
+            Self::ToolResult { .. } => "tool_result",
+            Self::Verify { .. } => "verify",
+            Self::ReactFeedback { .. } => "react_feedback",
+            Self::ClarificationNeeded { .. } => "clarification_needed",
+            Self::ApprovalRequired { .. } => "approval_required",
+            Self::ApprovalResolved { .. } => "approval_resolved",
+            Self::LoopDetected { .. } => "loop_detected",
+            Self::DriftDetected { .. } => "drift_detected",
+            Self::Reflection { .. } => "reflection",
+            Self::Checkpoint { .. } => "checkpoint",
+            Self::ContextReset { .. } => "context_reset",
+            Self::Compaction { .. } => "compaction",
+            Self::SteeringApplied { .. } => "steering_applied",
+            Self::FollowUpStarted { .. } => "follow_up_started",
+            Self::MessageDelta { .. } => "message_delta",
+            Self::Final { .. } => "final",
+            Self::RunCompleted { .. } => "run_completed",
+            Self::RunFailed { .. } => "run_failed",
+            Self::RunCancelled { .. } => "run_cancelled",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_serializes_with_common_fields_and_type() {
+        let e = Event {
+            run_id: "run_1".into(),
+            seq: 3,
+            ts: chrono::Utc::now(),
+            kind: EventKind::Final {
+                answer: "42".into(),
+            },
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["type"], "final");
+        assert_eq!(v["seq"], 3);
+        assert_eq!(v["run_id"], "run_1");
+        assert_eq!(v["answer"], "42");
+        let back: Event = serde_json::from_value(v).unwrap();
+        assert_eq!(back, e);
+    }
+
+    #[test]
+    fn type_name_matches_serialized_tag() {
+        let k = EventKind::ReactFeedback {
+            step: 1,
+            code: "unknown_tool".into(),
+            detail: String::new(),
+        };
+        let v = serde_json::to_value(&k).unwrap();
+        assert_eq!(v["type"], k.type_name());
+        let plan = EventKind::ReactPlan {
+            step: 1,
+            action: Action::CallTool,
+            tool_calls: vec![],
+            intent: None,
+            confidence: None,
+            missing_slots: None,
+            brief_rationale: None,
+        };
+        let v = serde_json::to_value(&plan).unwrap();
+        assert_eq!(v["action"], "CALL_TOOL");
+        assert!(v.get("intent").is_none());
+    }
+}

@@ -1,0 +1,31 @@
+//! Shared vocabulary of keel: runs, events, messages, actions, and the three
+//! ports (model, tool, store) that the loop drives.
+//!
+//! Kept free of any runtime, HTTP or database crate so that every other
+//! crate can depend on it without pulling those in.
+
+pub mod event;
+pub mod message;
+pub mod model;
+pub mod principal;
+pub mod run;
+pub mod store;
+pub mod tool;
+
+pub use event::{Action, Decision, Event, EventKind, PlannedCall};
+pub use message::{Message, ToolCall};
+pub use model::{ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolSchema};
+pub use principal::Principal;
+pub use run::{ErrorBody, RunRecord, RunStatus, Usage};
+pub use store::{Commit, NewRun, RunFilter, RunPage, RunPatch, Store, StoreError};
+pub use tool::{Risk, Tool, ToolContext, ToolError, ToolOutput, ToolSource, ToolSpec};
+
+/// Current time, as every timestamp in keel is written.
+pub fn now() -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now()
+}
+
+/// A new sortable identifier with a readable prefix (`run_…`, `ses_…`).
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
+}

@@ -1,0 +1,91 @@
+//! The model port: one call in, one decision out, text deltas streamed aside.
+
+use std::time::Duration;
+
+use futures::channel::mpsc::UnboundedSender;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{Message, ToolCall};
+
+/// A function offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSchema {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ModelRequest {
+    pub messages: Vec<Message>,
+    /// Functions offered; empty means a tool-less call.
+    pub tools: Vec<ToolSchema>,
+    pub max_output_tokens: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenUsage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// The model's whole reply, reassembled. Reasoning text never reaches here.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelResponse {
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub usage: TokenUsage,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ModelError {
+    #[error("rate limited by the provider: {message}")]
+    RateLimited {
+        retry_after: Option<Duration>,
+        message: String,
+    },
+    #[error("provider answered HTTP {status}: {message}")]
+    Http { status: u16, message: String },
+    #[error("provider did not answer in time")]
+    Timeout,
+    #[error("could not reach the provider: {0}")]
+    Connect(String),
+    #[error("provider sent a reply keel cannot read: {0}")]
+    Protocol(String),
+    #[error("provider failed after {attempts} attempts; last error: {last}")]
+    RetriesExhausted { attempts: u32, last: Box<ModelError> },
+}
+
+impl ModelError {
+    /// Whether another attempt may succeed (rate limits, 5xx, timeouts, connection errors).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::RateLimited { .. } | Self::Timeout | Self::Connect(_) => true,
+            Self::Http { status, .. } => *status >= 500 || *status == 408,
+            Self::Protocol(_) | Self::RetriesExhausted { .. } => false,
+        }
+    }
+}
+
+/// A chat model. Implementations own their wire format, streaming and retries;
+/// the loop sees only reassembled decisions. Cancellation is by dropping the future.
+#[async_trait::async_trait]
+pub trait ModelClient: Send + Sync {
+    /// Model name, for logs and metrics.
+    fn model_name(&self) -> &str;
+
+    /// The model's context window in tokens, when known.
+    fn context_window(&self) -> Option<u64> {
+        None
+    }
+
+    /// Runs one completion. Text deltas, when the provider streams them, are
+    /// sent to `deltas` as they arrive.
+    async fn complete(
+        &self,
+        request: &ModelRequest,
+        deltas: Option<UnboundedSender<String>>,
+    ) -> Result<ModelResponse, ModelError>;
+}

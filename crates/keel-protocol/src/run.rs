@@ -1,0 +1,102 @@
+//! Runs: one user input processed to an outcome.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    WaitingInput,
+    WaitingApproval,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::WaitingInput => "waiting_input",
+            Self::WaitingApproval => "waiting_approval",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => Self::Queued,
+            "running" => Self::Running,
+            "waiting_input" => Self::WaitingInput,
+            "waiting_approval" => Self::WaitingApproval,
+            "completed" => Self::Completed,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            _ => return None,
+        })
+    }
+}
+
+/// What a run has consumed so far; budgets are checked against it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub llm_calls: u64,
+    pub tool_calls: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// The `{"code","message"}` pair used both in HTTP errors and in `run_failed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A run as stored and as returned by `GET /ai/runs/{id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub id: String,
+    pub tenant: String,
+    pub session: String,
+    pub agent: String,
+    pub status: RunStatus,
+    pub input: String,
+    pub output: Option<String>,
+    /// What the run waits for (a clarification or an approval), when it waits.
+    pub pending: Option<serde_json::Value>,
+    pub steps: u32,
+    pub usage: Usage,
+    pub error: Option<ErrorBody>,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub metadata: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// The loop's own bookkeeping (counters, pending call); never shown to clients.
+    #[serde(skip)]
+    pub state: serde_json::Value,
+    /// The principal that started the run; tools run on its behalf after a restart.
+    #[serde(skip)]
+    pub principal: Option<crate::Principal>,
+    /// Highest event sequence number written so far.
+    #[serde(skip)]
+    pub last_seq: u64,
+}
