@@ -2,6 +2,20 @@
 //! `KEEL_*` environment variables, with secrets read only through env
 //! references. Loading collects every problem instead of stopping at the first.
 
+pub mod env;
+mod findings;
+mod load;
 pub mod model;
+mod overrides;
+pub mod problem;
+mod report;
+mod schema;
+mod semantic;
+mod tree;
 
+pub use env::{Env, MapEnv, ProcessEnv, expand_env_refs, secret_from_env};
+pub use load::{load_file, load_str};
 pub use model::*;
+pub use problem::{ConfigErrors, Loaded, Problem, Severity};
+pub use report::render_report;
+pub use semantic::BUILTIN_TOOLS;

@@ -1,1 +1,21 @@
-//! keel-core
+//! The run loop and everything it needs to keep a model on course: the tool
+//! set every call is checked against, the event bus, and the runtime that
+//! owns one actor task per live run.
+
+pub mod agent;
+mod actor;
+pub mod bus;
+pub mod clarify;
+pub mod error;
+pub mod follow;
+mod guard_pipeline;
+mod prompt;
+pub mod runtime;
+mod state;
+pub mod toolset;
+
+pub use agent::AgentRuntime;
+pub use bus::EventBus;
+pub use error::CoreError;
+pub use runtime::{Runtime, StartRun};
+pub use toolset::{RegisteredTool, ToolSet};

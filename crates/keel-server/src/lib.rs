@@ -1,1 +1,41 @@
-//! keel-server
+//! keel's HTTP face: the run API with its resumable SSE event stream
+//! (SPEC §2, §3), auth and tenant scoping, health and metrics.
+
+mod auth;
+mod body;
+mod error;
+pub mod metrics;
+mod routes;
+mod sse;
+
+use std::sync::Arc;
+
+use axum::Router;
+use keel_core::Runtime;
+
+pub use auth::Auth;
+pub use error::ApiError;
+
+/// Everything a request handler may use.
+#[derive(Clone)]
+pub struct AppState {
+    pub runtime: Runtime,
+    pub auth: Arc<Auth>,
+    pub max_body_bytes: usize,
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+pub fn router(state: AppState) -> Router {
+    routes::router().with_state(state)
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,1 +1,5 @@
 //! keel-test-support
+pub mod fake_openai;
+pub mod sse;
+pub mod store_suite;
+pub mod tool_server;

@@ -1,1 +1,15 @@
-//! keel-tools
+//! keel-tools: the tools keel reaches outside itself (SPEC §5): HTTP
+//! endpoints described in configuration and MCP servers run as child
+//! processes. Both are exposed only through keel-protocol's `Tool` port, so
+//! nothing above this crate sees reqwest or rmcp.
+
+mod env;
+mod error;
+pub mod http;
+mod load;
+pub mod mcp;
+mod overrides;
+
+pub use error::ToolsError;
+pub use load::{LoadedTools, load_tools};
+pub use overrides::apply_override;

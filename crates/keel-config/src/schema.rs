@@ -1,0 +1,590 @@
+//! The shape of `keel.toml`, mirrored from `model.rs`, and the walk that
+//! checks a tree against it. Walking ourselves, instead of letting serde
+//! stop at the first unknown field, is what lets one pass report every
+//! unknown key and wrong type in every section. A unit test keeps this
+//! mirror and the model in step.
+
+use crate::findings::Findings;
+use crate::tree::{Entry, KeyPath, Node, Val};
+
+#[derive(Debug)]
+pub(crate) enum Ty {
+    Str,
+    Bool,
+    /// A non-negative integer no larger than the bound.
+    UInt(u64),
+    Enum(&'static [&'static str]),
+    List(&'static Ty),
+    Table(&'static [Field]),
+    /// An array of tables; `key` is the field that names an element, which
+    /// environment overrides may use instead of an index.
+    Tables {
+        fields: &'static [Field],
+        key: Option<&'static str>,
+    },
+    /// A table with free-form keys.
+    Map(&'static Ty),
+    /// Any value JSON can hold (JSON Schema documents).
+    Json,
+}
+
+#[derive(Debug)]
+pub(crate) struct Field {
+    pub name: &'static str,
+    pub ty: Ty,
+    pub required: bool,
+}
+
+const fn opt(name: &'static str, ty: Ty) -> Field {
+    Field {
+        name,
+        ty,
+        required: false,
+    }
+}
+
+const fn req(name: &'static str, ty: Ty) -> Field {
+    Field {
+        name,
+        ty,
+        required: true,
+    }
+}
+
+const U32: Ty = Ty::UInt(u32::MAX as u64);
+const U64: Ty = Ty::UInt(i64::MAX as u64);
+const USIZE: Ty = Ty::UInt(if (usize::MAX as u64) < (i64::MAX as u64) {
+    usize::MAX as u64
+} else {
+    i64::MAX as u64
+});
+const STRS: Ty = Ty::List(&Ty::Str);
+const RISK: Ty = Ty::Enum(&["read", "write", "exec", "dangerous"]);
+
+pub(crate) static ROOT: &[Field] = &[
+    opt("server", Ty::Table(SERVER)),
+    opt(
+        "providers",
+        Ty::Tables {
+            fields: PROVIDER,
+            key: Some("name"),
+        },
+    ),
+    opt(
+        "agents",
+        Ty::Tables {
+            fields: AGENT,
+            key: Some("id"),
+        },
+    ),
+    opt("tools", Ty::Table(TOOLS)),
+    opt("verify", Ty::Table(VERIFY)),
+    opt("auth", Ty::Table(AUTH)),
+];
+
+static SERVER: &[Field] = &[
+    opt("bind", Ty::Str),
+    opt("data_dir", Ty::Str),
+    opt("database_url", Ty::Str),
+    opt("max_body_bytes", USIZE),
+];
+
+static PROVIDER: &[Field] = &[
+    req("name", Ty::Str),
+    req("kind", Ty::Enum(&["openai", "anthropic", "local"])),
+    opt("base_url", Ty::Str),
+    opt("api_key_env", Ty::Str),
+    req("model", Ty::Str),
+    opt("context_window", U64),
+    opt("tool_mode", Ty::Enum(&["native", "json"])),
+    opt("stream", Ty::Bool),
+    opt("timeout_s", U64),
+    opt("max_retries", U32),
+    opt("backoff_ms", U64),
+];
+
+static AGENT: &[Field] = &[
+    req("id", Ty::Str),
+    req("provider", Ty::Str),
+    opt("system_prompt", Ty::Str),
+    opt("tools", STRS),
+    opt("routing", Ty::Enum(&["single_loop", "pre_route"])),
+    opt("limits", Ty::Table(LIMITS)),
+    opt("loop_detection", Ty::Table(LOOP_DETECTION)),
+    opt("drift", Ty::Table(DRIFT)),
+];
+
+static LIMITS: &[Field] = &[
+    opt("max_steps", U32),
+    opt("max_tool_calls", U32),
+    opt("max_wall_time_s", U64),
+    opt("max_clarify_rounds", U32),
+    opt("max_tokens", U64),
+    opt("max_context_chars", U64),
+    opt("max_repairs", U32),
+    opt("max_tool_output_chars", USIZE),
+];
+
+static LOOP_DETECTION: &[Field] = &[
+    opt("enabled", Ty::Bool),
+    opt("repeat_warning", U32),
+    opt("repeat_critical", U32),
+    opt("max_tool_calls_breaker", U32),
+];
+
+static DRIFT: &[Field] = &[
+    opt("reflection_interval", U32),
+    opt("checkpoint_interval", U32),
+];
+
+static TOOLS: &[Field] = &[
+    opt(
+        "mcp",
+        Ty::Tables {
+            fields: MCP,
+            key: Some("name"),
+        },
+    ),
+    opt(
+        "http",
+        Ty::Tables {
+            fields: HTTP,
+            key: Some("name"),
+        },
+    ),
+    opt("overrides", Ty::Map(&Ty::Table(OVERRIDE))),
+];
+
+static MCP: &[Field] = &[
+    req("name", Ty::Str),
+    opt("command", Ty::Str),
+    opt("args", STRS),
+    opt("env", Ty::Map(&Ty::Str)),
+    opt("url", Ty::Str),
+    opt("timeout_s", U64),
+];
+
+static HTTP: &[Field] = &[
+    req("name", Ty::Str),
+    req("description", Ty::Str),
+    opt("method", Ty::Str),
+    req("url", Ty::Str),
+    opt("parameters", Ty::Json),
+    opt("headers", Ty::Map(&Ty::Str)),
+    opt("output_schema", Ty::Json),
+    opt("risk", RISK),
+    opt("requires_approval", Ty::Bool),
+    opt("idempotent", Ty::Bool),
+    opt("timeout_s", U64),
+    opt("roles", STRS),
+    opt("poll", Ty::Bool),
+];
+
+static OVERRIDE: &[Field] = &[
+    opt("risk", RISK),
+    opt("requires_approval", Ty::Bool),
+    opt("idempotent", Ty::Bool),
+    opt("timeout_s", U64),
+    opt("roles", STRS),
+    opt("poll", Ty::Bool),
+    opt("volatile_fields", STRS),
+];
+
+static VERIFY: &[Field] = &[opt("tenant_field", Ty::Str)];
+
+static AUTH: &[Field] = &[
+    opt(
+        "keys",
+        Ty::Tables {
+            fields: API_KEY,
+            key: None,
+        },
+    ),
+    opt("approver_roles", STRS),
+];
+
+static API_KEY: &[Field] = &[
+    req("key_env", Ty::Str),
+    req("tenant", Ty::Str),
+    req("principal", Ty::Str),
+    opt("roles", STRS),
+];
+
+impl Ty {
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Ty::Str => "a string".into(),
+            Ty::Bool => "a boolean".into(),
+            Ty::UInt(max) => format!("an integer from 0 to {max}"),
+            Ty::Enum(names) => format!(
+                "one of {}",
+                names
+                    .iter()
+                    .map(|n| format!("{n:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Ty::List(item) => format!("an array of {}", plural(item)),
+            Ty::Table(_) | Ty::Map(_) => "a table".into(),
+            Ty::Tables { .. } => "an array of tables".into(),
+            Ty::Json => "a JSON value".into(),
+        }
+    }
+
+    /// Whether an environment override for this type is taken verbatim
+    /// rather than parsed as a TOML value.
+    pub(crate) fn is_textual(&self) -> bool {
+        matches!(self, Ty::Str | Ty::Enum(_))
+    }
+}
+
+fn plural(ty: &Ty) -> String {
+    match ty {
+        Ty::Str => "strings".into(),
+        other => other.describe(),
+    }
+}
+
+pub(crate) fn field<'a>(fields: &'a [Field], name: &str) -> Option<&'a Field> {
+    fields.iter().find(|f| f.name == name)
+}
+
+/// Checks the whole document, reporting every problem and removing what is
+/// wrong so that the rest can still be deserialized and cross-checked.
+pub(crate) fn check_root(root: &mut Node, found: &mut Findings) {
+    let path = KeyPath::root();
+    found.record(&path, &root.origin);
+    check_table_fields(root, ROOT, &path, found);
+}
+
+/// Returns whether the node may stay; a `false` node has been reported.
+fn check(node: &mut Node, ty: &Ty, path: &KeyPath, found: &mut Findings) -> bool {
+    found.record(path, &node.origin);
+    let ok = match (ty, &mut node.value) {
+        (Ty::Str, Val::Str(_)) | (Ty::Bool, Val::Bool(_)) => true,
+        (Ty::UInt(max), Val::Int(n)) => {
+            if *n < 0 || *n > i128::from(*max) {
+                found.error(
+                    path,
+                    Some(&node.origin),
+                    format!("expected {}, found {n}", ty.describe()),
+                );
+                return false;
+            }
+            true
+        }
+        (Ty::Enum(names), Val::Str(s)) => {
+            if !names.contains(&s.as_str()) {
+                let message = format!("expected {}, found {s:?}", ty.describe());
+                found.error(path, Some(&node.origin), message);
+                return false;
+            }
+            true
+        }
+        (Ty::List(item), Val::Array(items)) => {
+            let mut i = 0;
+            items.retain_mut(|n| {
+                let keep = check(n, item, &path.index(i), found);
+                i += 1;
+                keep
+            });
+            true
+        }
+        (Ty::Table(fields), Val::Table(_)) => {
+            check_table_fields(node, fields, path, found);
+            true
+        }
+        (Ty::Tables { fields, .. }, Val::Array(items)) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                let item_path = path.index(i);
+                if matches!(item.value, Val::Table(_)) {
+                    found.record(&item_path, &item.origin);
+                    check_table_fields(item, fields, &item_path, found);
+                } else {
+                    let message = format!("expected a table, found {}", item.describe());
+                    found.error(&item_path, Some(&item.origin), message);
+                    // Keep the element so later indices stay as written.
+                    item.value = Val::Table(Vec::new());
+                    found.mark_invalid(&item_path);
+                    check_table_fields(item, fields, &item_path, found);
+                }
+            }
+            true
+        }
+        (Ty::Map(value_ty), Val::Table(entries)) => {
+            entries.retain_mut(|e| check(&mut e.node, value_ty, &path.key(&e.key), found));
+            true
+        }
+        (Ty::Json, _) => check_json(node, path, found),
+        _ => false,
+    };
+    if !ok && !matches!(ty, Ty::Json) {
+        let message = format!("expected {}, found {}", ty.describe(), node.describe());
+        found.error(path, Some(&node.origin), message);
+    }
+    ok
+}
+
+fn check_json(node: &Node, path: &KeyPath, found: &mut Findings) -> bool {
+    match &node.value {
+        Val::Datetime(_) => {
+            found.error(
+                path,
+                Some(&node.origin),
+                "a TOML datetime has no JSON form; quote it as a string".into(),
+            );
+            false
+        }
+        Val::Float(f) if !f.is_finite() => {
+            found.error(path, Some(&node.origin), format!("{f} has no JSON form"));
+            false
+        }
+        Val::Array(items) => {
+            let mut ok = true;
+            for (i, item) in items.iter().enumerate() {
+                ok &= check_json(item, &path.index(i), found);
+            }
+            ok
+        }
+        Val::Table(entries) => {
+            let mut ok = true;
+            for e in entries {
+                ok &= check_json(&e.node, &path.key(&e.key), found);
+            }
+            ok
+        }
+        _ => true,
+    }
+}
+
+fn check_table_fields(
+    node: &mut Node,
+    fields: &'static [Field],
+    path: &KeyPath,
+    found: &mut Findings,
+) {
+    let table_origin = node.origin.clone();
+    let Val::Table(entries) = &mut node.value else {
+        return;
+    };
+    let mut kept: Vec<Entry> = Vec::with_capacity(entries.len());
+    let mut broken: Vec<&'static Field> = Vec::new();
+    for mut entry in std::mem::take(entries) {
+        let key_path = path.key(&entry.key);
+        let Some(field) = field(fields, &entry.key) else {
+            let message = unknown_key_message(&entry.key, fields);
+            found.error(&key_path, Some(&entry.node.origin), message);
+            continue;
+        };
+        if check(&mut entry.node, &field.ty, &key_path, found) {
+            kept.push(entry);
+        } else if field.required {
+            broken.push(field);
+        }
+    }
+    for field in fields.iter().filter(|f| f.required) {
+        let key_path = path.key(field.name);
+        let broken_here = broken.iter().any(|b| b.name == field.name);
+        if !broken_here && !kept.iter().any(|e| e.key == field.name) {
+            found.error(
+                &key_path,
+                Some(&table_origin),
+                format!("missing required key \"{}\"", field.name),
+            );
+        } else if !broken_here {
+            continue;
+        }
+        // A placeholder lets the element deserialize so its other keys are
+        // still cross-checked; the key is marked so nothing reports it twice.
+        if let Some(value) = placeholder(&field.ty) {
+            found.mark_invalid(&key_path);
+            kept.push(Entry {
+                key: field.name.to_string(),
+                node: Node::new(value, table_origin.clone()),
+            });
+        }
+    }
+    *entries = kept;
+}
+
+fn placeholder(ty: &Ty) -> Option<Val> {
+    match ty {
+        Ty::Str => Some(Val::Str(String::new())),
+        Ty::Enum(names) => names.first().map(|n| Val::Str((*n).to_string())),
+        _ => None,
+    }
+}
+
+pub(crate) fn unknown_key_message(key: &str, fields: &[Field]) -> String {
+    let mut message = format!("unknown key \"{key}\"");
+    if looks_secret(key) {
+        let env_field = fields
+            .iter()
+            .find(|f| f.name == format!("{key}_env"))
+            .or_else(|| fields.iter().find(|f| f.name.ends_with("_env")));
+        match env_field {
+            Some(f) => message.push_str(&format!(
+                "; secrets are read from env: use {} = \"VAR_NAME\"",
+                f.name
+            )),
+            None => message.push_str(
+                "; secrets are read from env: reference them as ${VAR} where a value allows it",
+            ),
+        }
+        return message;
+    }
+    match closest(key, fields) {
+        Some(name) => message.push_str(&format!(" (did you mean \"{name}\"?)")),
+        None => message.push_str(&format!(
+            " (known: {})",
+            fields.iter().map(|f| f.name).collect::<Vec<_>>().join(", ")
+        )),
+    }
+    message
+}
+
+fn looks_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    !k.ends_with("_env")
+        && ["key", "token", "secret", "password", "passwd"]
+            .iter()
+            .any(|s| k.contains(s))
+}
+
+fn closest<'a>(key: &str, fields: &'a [Field]) -> Option<&'a str> {
+    fields
+        .iter()
+        .map(|f| (edit_distance(key, f.name), f.name))
+        .filter(|(d, name)| *d <= (name.len().max(key.len()) / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, name)| name)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                prev
+            } else {
+                1 + prev.min(cur).min(row[j])
+            };
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::*;
+
+    /// Every field the model serializes must be in the schema with a type
+    /// that accepts its value; together with `deny_unknown_fields` in the
+    /// model (which rejects schema fields the model lacks) this keeps the
+    /// mirror honest.
+    #[test]
+    fn schema_matches_model() {
+        let config = Config {
+            server: ServerConfig {
+                database_url: Some("sqlite://x".into()),
+                ..ServerConfig::default()
+            },
+            providers: vec![ProviderConfig {
+                name: "p".into(),
+                kind: ProviderKind::Anthropic,
+                base_url: Some("http://x".into()),
+                api_key_env: Some("K".into()),
+                model: "m".into(),
+                context_window: Some(1),
+                tool_mode: ToolMode::Json,
+                stream: false,
+                timeout_s: 1,
+                max_retries: 1,
+                backoff_ms: 1,
+            }],
+            agents: vec![AgentConfig {
+                id: "a".into(),
+                provider: "p".into(),
+                system_prompt: "s".into(),
+                tools: vec!["t".into()],
+                routing: Routing::PreRoute,
+                limits: Limits::default(),
+                loop_detection: LoopDetection::default(),
+                drift: Drift::default(),
+            }],
+            tools: ToolsConfig {
+                mcp: vec![McpServerConfig {
+                    name: "m".into(),
+                    command: Some("c".into()),
+                    args: vec!["a".into()],
+                    env: [("A".to_string(), "b".to_string())].into(),
+                    url: Some("http://u".into()),
+                    timeout_s: 1,
+                }],
+                http: vec![HttpToolConfig {
+                    name: "h".into(),
+                    description: "d".into(),
+                    method: "GET".into(),
+                    url: "http://u".into(),
+                    parameters: serde_json::json!({"type": "object"}),
+                    headers: [("A".to_string(), "b".to_string())].into(),
+                    output_schema: Some(serde_json::json!({"type": "object"})),
+                    risk: Some(keel_protocol::Risk::Exec),
+                    requires_approval: Some(true),
+                    idempotent: Some(true),
+                    timeout_s: Some(1),
+                    roles: Some(vec!["r".into()]),
+                    poll: Some(true),
+                }],
+                overrides: [(
+                    "x.y".to_string(),
+                    ToolOverride {
+                        risk: Some(keel_protocol::Risk::Write),
+                        requires_approval: Some(true),
+                        idempotent: Some(true),
+                        timeout_s: Some(1),
+                        roles: Some(vec!["r".into()]),
+                        poll: Some(true),
+                        volatile_fields: Some(vec!["v".into()]),
+                    },
+                )]
+                .into(),
+            },
+            verify: VerifyConfig::default(),
+            auth: AuthConfig {
+                keys: vec![ApiKeyConfig {
+                    key_env: "K".into(),
+                    tenant: "t".into(),
+                    principal: "p".into(),
+                    roles: vec!["r".into()],
+                }],
+                approver_roles: vec!["r".into()],
+            },
+        };
+        let text = toml::to_string(&config).unwrap();
+        let doc = toml::de::DeTable::parse(&text).unwrap();
+        let lines = crate::tree::Lines::new(&text);
+        let mut root = crate::tree::from_document(&doc, &lines);
+        let mut found = Findings::new("t.toml");
+        check_root(&mut root, &mut found);
+        let problems = found.into_problems();
+        assert!(problems.is_empty(), "{problems:?}\n{text}");
+        let back: Config = root.to_toml().try_into().unwrap();
+        assert_eq!(back, config);
+    }
+
+    #[test]
+    fn unknown_key_hints() {
+        assert!(unknown_key_message("bnd", SERVER).contains("did you mean \"bind\""));
+        assert!(unknown_key_message("zzzzzz", SERVER).contains("known: bind, data_dir"));
+        assert!(unknown_key_message("api_key", PROVIDER).contains("use api_key_env"));
+        assert!(unknown_key_message("key", API_KEY).contains("use key_env"));
+        assert!(unknown_key_message("token", HTTP).contains("${VAR}"));
+    }
+}

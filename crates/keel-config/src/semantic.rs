@@ -1,0 +1,489 @@
+//! Checks that need the whole configuration: names that must be unique,
+//! references between sections, and values whose type is right but whose
+//! content cannot work.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde_json::Value;
+
+use crate::env::{Env, referenced_vars};
+use crate::findings::Findings;
+use crate::model::{Config, HttpToolConfig, tool_pattern_matches};
+use crate::tree::KeyPath;
+
+/// Tools keel itself provides (SPEC §5); agents may name them without any
+/// configuration.
+pub const BUILTIN_TOOLS: &[&str] = &["memory_search", "memory_get", "web_fetch", "exec"];
+
+const HTTP_METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"];
+
+pub(crate) fn check(config: &Config, env: &dyn Env, found: &mut Findings) {
+    check_server(config, found);
+    check_providers(config, env, found);
+    check_tools(config, env, found);
+    check_agents(config, found);
+    check_auth(config, env, found);
+}
+
+fn root(section: &str) -> KeyPath {
+    KeyPath::root().key(section)
+}
+
+fn check_server(config: &Config, found: &mut Findings) {
+    let server = root("server");
+    let bind = &config.server.bind;
+    if !valid_bind(bind) {
+        found.error_at(
+            &server.key("bind"),
+            format!(
+                "{bind:?} is not a listen address (expected host:port, e.g. \"127.0.0.1:8780\")"
+            ),
+        );
+    }
+    if let Some(url) = &config.server.database_url {
+        let key = server.key("database_url");
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                found.error_at(&key, "sqlite:// URL has no file path".into());
+            }
+        } else if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            found.error_at(
+                &key,
+                format!("{url:?} is neither a sqlite:// nor a postgres:// (postgresql://) URL"),
+            );
+        }
+    }
+    if config.server.data_dir.is_empty() {
+        found.error_at(&server.key("data_dir"), "must not be empty".into());
+    }
+}
+
+fn valid_bind(bind: &str) -> bool {
+    if bind.parse::<SocketAddr>().is_ok() {
+        return true;
+    }
+    let Some((host, port)) = bind.rsplit_once(':') else {
+        return false;
+    };
+    port.parse::<u16>().is_ok()
+        && !host.is_empty()
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && !label.starts_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
+}
+
+fn check_providers(config: &Config, env: &dyn Env, found: &mut Findings) {
+    let names: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
+    unique_names(found, "providers", "name", "provider name", &names);
+    for (i, p) in config.providers.iter().enumerate() {
+        let at = root("providers").index(i);
+        if let Some(url) = &p.base_url {
+            check_http_url(found, &at.key("base_url"), url);
+        }
+        if let Some(var) = &p.api_key_env {
+            check_env_var_named(found, env, &at.key("api_key_env"), var, "the API key");
+        }
+        if p.model.is_empty() && !found.is_invalid(&at.key("model")) {
+            found.error_at(&at.key("model"), "must not be empty".into());
+        }
+    }
+}
+
+fn check_agents(config: &Config, found: &mut Findings) {
+    let ids: Vec<&str> = config.agents.iter().map(|a| a.id.as_str()).collect();
+    unique_names(found, "agents", "id", "agent id", &ids);
+    let providers: Vec<&str> = config
+        .providers
+        .iter()
+        .map(|p| p.name.as_str())
+        .filter(|n| !n.is_empty())
+        .collect();
+    for (i, agent) in config.agents.iter().enumerate() {
+        let at = root("agents").index(i);
+        let provider_key = at.key("provider");
+        if !found.is_invalid(&provider_key) && !providers.contains(&agent.provider.as_str()) {
+            let known = if providers.is_empty() {
+                "none are configured".to_string()
+            } else {
+                format!("known: {}", providers.join(", "))
+            };
+            found.error_at(
+                &provider_key,
+                format!("no provider named {:?} ({known})", agent.provider),
+            );
+        }
+        let limits = at.key("limits");
+        if agent.limits.max_steps == 0 {
+            found.error_at(&limits.key("max_steps"), "must be at least 1".into());
+        }
+        let ld = &agent.loop_detection;
+        if ld.repeat_critical < ld.repeat_warning {
+            found.error_at(
+                &at.key("loop_detection").key("repeat_critical"),
+                format!(
+                    "repeat_critical ({}) is less than repeat_warning ({}): the block would come before the warning",
+                    ld.repeat_critical, ld.repeat_warning
+                ),
+            );
+        }
+        for (j, pattern) in agent.tools.iter().enumerate() {
+            if !pattern_is_known(config, pattern) {
+                found.warning_at(
+                    &at.key("tools").index(j),
+                    format!(
+                        "pattern {pattern:?} matches no configured http tool, mcp server or built-in tool"
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Whether a tool pattern can match anything this configuration provides.
+/// MCP servers list their tools only at runtime, so any name under a
+/// server's prefix counts.
+fn pattern_is_known(config: &Config, pattern: &str) -> bool {
+    let fixed = config
+        .tools
+        .http
+        .iter()
+        .map(|h| h.name.as_str())
+        .chain(BUILTIN_TOOLS.iter().copied());
+    for name in fixed {
+        if tool_pattern_matches(pattern, name) {
+            return true;
+        }
+    }
+    config.tools.mcp.iter().any(|server| {
+        let prefix = format!("{}.", server.name);
+        match pattern.split_once('*') {
+            None => pattern.starts_with(&prefix) && pattern.len() > prefix.len(),
+            Some((head, _)) => head.starts_with(&prefix) || prefix.starts_with(head),
+        }
+    })
+}
+
+fn check_tools(config: &Config, env: &dyn Env, found: &mut Findings) {
+    let tools = root("tools");
+    let mcp_names: Vec<&str> = config.tools.mcp.iter().map(|m| m.name.as_str()).collect();
+    unique_names(found, "tools.mcp", "name", "mcp server name", &mcp_names);
+    for (i, server) in config.tools.mcp.iter().enumerate() {
+        let at = tools.key("mcp").index(i);
+        if server.name.contains('.') {
+            found.error_at(
+                &at.key("name"),
+                format!(
+                    "{:?} contains '.', which separates the server prefix from the tool name",
+                    server.name
+                ),
+            );
+        }
+        match (&server.command, &server.url) {
+            (None, None) => found.error_at(
+                &at,
+                "needs either command (a stdio server) or url (a streamable HTTP server)".into(),
+            ),
+            (Some(_), Some(_)) => found.error_at(
+                &at.key("url"),
+                "has both command and url; set exactly one".into(),
+            ),
+            (Some(command), None) if command.trim().is_empty() => {
+                found.error_at(&at.key("command"), "must not be empty".into());
+            }
+            (None, Some(url)) => check_http_url(found, &at.key("url"), url),
+            _ => {}
+        }
+        for (name, value) in &server.env {
+            check_template(found, env, &at.key("env").key(name), value);
+        }
+    }
+
+    let http_names: Vec<&str> = config.tools.http.iter().map(|h| h.name.as_str()).collect();
+    unique_names(found, "tools.http", "name", "http tool name", &http_names);
+    for (i, tool) in config.tools.http.iter().enumerate() {
+        check_http_tool(found, env, &tools.key("http").index(i), tool);
+    }
+
+    for name in config.tools.overrides.keys() {
+        let known = config.tools.http.iter().any(|h| &h.name == name)
+            || BUILTIN_TOOLS.contains(&name.as_str())
+            || config.tools.mcp.iter().any(|m| {
+                name.strip_prefix(&format!("{}.", m.name))
+                    .is_some_and(|t| !t.is_empty())
+            });
+        if !known {
+            found.warning_at(
+                &tools.key("overrides").key(name),
+                format!(
+                    "{name:?} is not an http tool, a built-in tool, or under an mcp server's prefix"
+                ),
+            );
+        }
+    }
+}
+
+fn check_http_tool(found: &mut Findings, env: &dyn Env, at: &KeyPath, tool: &HttpToolConfig) {
+    if tool.name.contains('.') {
+        found.error_at(
+            &at.key("name"),
+            format!(
+                "{:?} contains '.', which is reserved for mcp server prefixes",
+                tool.name
+            ),
+        );
+    }
+    if !HTTP_METHODS.contains(&tool.method.as_str()) {
+        found.error_at(
+            &at.key("method"),
+            format!(
+                "{:?} is not one of {}",
+                tool.method,
+                HTTP_METHODS.join(", ")
+            ),
+        );
+    }
+    let url_key = at.key("url");
+    if !found.is_invalid(&url_key) {
+        check_http_url(found, &url_key, &tool.url);
+    }
+    let properties = check_parameters(found, &at.key("parameters"), &tool.parameters);
+    if tool.output_schema.as_ref().is_some_and(|s| !s.is_object()) {
+        found.error_at(
+            &at.key("output_schema"),
+            "must be a JSON Schema object (a table)".into(),
+        );
+    }
+    match url_params(&tool.url) {
+        Ok(params) => {
+            if let Some(properties) = properties {
+                for param in params {
+                    if !properties.contains_key(param) {
+                        found.error_at(
+                            &url_key,
+                            format!("URL template names {{{param}}}, which is not in parameters.properties"),
+                        );
+                    }
+                }
+            }
+        }
+        Err(message) => found.error_at(&url_key, message),
+    }
+    for (name, value) in &tool.headers {
+        check_template(found, env, &at.key("headers").key(name), value);
+    }
+}
+
+/// Checks that `parameters` is a JSON Schema for an object and returns its
+/// properties, if it has any that can be checked against.
+fn check_parameters<'a>(
+    found: &mut Findings,
+    key: &KeyPath,
+    parameters: &'a Value,
+) -> Option<&'a serde_json::Map<String, Value>> {
+    let Some(schema) = parameters.as_object() else {
+        found.error_at(
+            key,
+            "must be a JSON Schema object (a table with type = \"object\")".into(),
+        );
+        return None;
+    };
+    if schema.get("type").and_then(Value::as_str) != Some("object") {
+        found.error_at(
+            &key.key("type"),
+            "tool parameters must be a JSON Schema with type = \"object\"".into(),
+        );
+    }
+    let properties = match schema.get("properties") {
+        None => None,
+        Some(Value::Object(props)) => {
+            for (name, prop) in props {
+                if !prop.is_object() {
+                    found.error_at(
+                        &key.key("properties").key(name),
+                        "must be a JSON Schema (a table)".into(),
+                    );
+                }
+            }
+            Some(props)
+        }
+        Some(_) => {
+            found.error_at(
+                &key.key("properties"),
+                "must be a table of JSON Schemas".into(),
+            );
+            return None;
+        }
+    };
+    match schema.get("required") {
+        None => {}
+        Some(Value::Array(names)) => {
+            for (i, name) in names.iter().enumerate() {
+                match name.as_str() {
+                    Some(n) if properties.is_some_and(|p| p.contains_key(n)) => {}
+                    Some(n) => found.warning_at(
+                        &key.key("required").index(i),
+                        format!("{n:?} is required but not in properties"),
+                    ),
+                    None => found.error_at(
+                        &key.key("required").index(i),
+                        "must be a property name (a string)".into(),
+                    ),
+                }
+            }
+        }
+        Some(_) => found.error_at(
+            &key.key("required"),
+            "must be an array of property names".into(),
+        ),
+    }
+    // With no `properties` at all, URL parameters cannot be checked; an
+    // empty map makes every `{param}` an error, which is right.
+    properties.or(Some(&EMPTY_PROPS))
+}
+
+static EMPTY_PROPS: std::sync::LazyLock<serde_json::Map<String, Value>> =
+    std::sync::LazyLock::new(serde_json::Map::new);
+
+/// The `{param}` names in a URL template.
+fn url_params(url: &str) -> Result<Vec<&str>, String> {
+    let mut params = Vec::new();
+    let mut rest = url;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            return Err(format!("unclosed '{{' in URL template {url:?}"));
+        };
+        let name = &after[..close];
+        if name.is_empty() || name.contains('{') {
+            return Err(format!("malformed {{param}} in URL template {url:?}"));
+        }
+        params.push(name);
+        rest = &after[close + 1..];
+    }
+    Ok(params)
+}
+
+fn check_auth(config: &Config, env: &dyn Env, found: &mut Findings) {
+    for (i, key) in config.auth.keys.iter().enumerate() {
+        let at = root("auth").key("keys").index(i);
+        check_env_var_named(found, env, &at.key("key_env"), &key.key_env, "the API key");
+        for field in ["tenant", "principal"] {
+            let value = if field == "tenant" {
+                &key.tenant
+            } else {
+                &key.principal
+            };
+            let k = at.key(field);
+            if value.is_empty() && !found.is_invalid(&k) {
+                found.error_at(&k, "must not be empty".into());
+            }
+        }
+    }
+}
+
+/// A `*_env` field: the name must be usable, and an unset variable is worth
+/// a warning at load time (the server decides whether it is fatal).
+fn check_env_var_named(found: &mut Findings, env: &dyn Env, key: &KeyPath, var: &str, what: &str) {
+    if found.is_invalid(key) {
+        return;
+    }
+    if var.is_empty() || var.contains('=') || var.contains('\0') {
+        found.error_at(key, format!("{var:?} is not an environment variable name"));
+        return;
+    }
+    if env.var(var).is_none_or(|v| v.is_empty()) {
+        found.warning_at(
+            key,
+            format!("environment variable {var} ({what}) is not set"),
+        );
+    }
+}
+
+fn check_template(found: &mut Findings, env: &dyn Env, key: &KeyPath, template: &str) {
+    match referenced_vars(template) {
+        Err(message) => found.error_at(key, message),
+        Ok(vars) => {
+            for var in vars {
+                if env.var(var).is_none() {
+                    found.warning_at(key, format!("references ${{{var}}}, which is not set"));
+                }
+            }
+        }
+    }
+}
+
+fn check_http_url(found: &mut Findings, key: &KeyPath, url: &str) {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) {
+        found.error_at(key, format!("{url:?} is not an http:// or https:// URL"));
+    }
+}
+
+/// Reports every repeat of a name after its first use.
+fn unique_names(found: &mut Findings, section: &str, field: &str, what: &str, names: &[&str]) {
+    let section_path = section
+        .split('.')
+        .fold(KeyPath::root(), |p, seg| p.key(seg));
+    let mut first: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, name) in names.iter().enumerate() {
+        let key = section_path.index(i).key(field);
+        if found.is_invalid(&key) {
+            continue;
+        }
+        if name.is_empty() {
+            found.error_at(&key, "must not be empty".into());
+            continue;
+        }
+        match first.get(name) {
+            Some(&j) => {
+                let first_key = section_path.index(j).key(field);
+                let place = found
+                    .location_of(&first_key)
+                    .map(|l| format!(", {l}"))
+                    .unwrap_or_default();
+                found.error_at(
+                    &key,
+                    format!(
+                        "duplicate {what} {name:?} (first at {}{place})",
+                        first_key.render()
+                    ),
+                );
+            }
+            None => {
+                first.insert(name, i);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_addresses() {
+        assert!(valid_bind("127.0.0.1:8780"));
+        assert!(valid_bind("[::1]:80"));
+        assert!(valid_bind("0.0.0.0:0"));
+        assert!(valid_bind("localhost:8780"));
+        assert!(!valid_bind("127.0.0.1"));
+        assert!(!valid_bind("127.0.0.1:99999"));
+        assert!(!valid_bind(":8780"));
+        assert!(!valid_bind("bad host:80"));
+    }
+
+    #[test]
+    fn url_template_params() {
+        assert_eq!(
+            url_params("http://h/f/{id}/x/{b}").unwrap(),
+            vec!["id", "b"]
+        );
+        assert!(url_params("http://h/f/{id").is_err());
+        assert!(url_params("http://h/f/{}").is_err());
+    }
+}

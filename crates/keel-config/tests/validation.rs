@@ -1,0 +1,346 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use keel_config::{ConfigErrors, Loaded, MapEnv, Severity, load_str};
+
+const PROVIDER: &str = r#"
+[[providers]]
+name = "main"
+kind = "openai"
+model = "m"
+"#;
+
+fn load(text: &str) -> Result<Loaded, ConfigErrors> {
+    load_str(&format!("{PROVIDER}{text}"), "keel.toml", &MapEnv::new())
+}
+
+/// (severity, key) of every problem, in report order.
+fn keys(result: &Result<Loaded, ConfigErrors>) -> Vec<(Severity, String)> {
+    let problems = match result {
+        Ok(l) => &l.warnings,
+        Err(e) => &e.0,
+    };
+    problems
+        .iter()
+        .map(|p| (p.severity, p.key.clone()))
+        .collect()
+}
+
+fn messages(result: &Result<Loaded, ConfigErrors>) -> String {
+    match result {
+        Ok(l) => l.warnings.iter().map(|p| format!("{p}\n")).collect(),
+        Err(e) => e.to_string(),
+    }
+}
+
+use Severity::{Error as E, Warning as W};
+
+fn k(s: Severity, key: &str) -> (Severity, String) {
+    (s, key.to_string())
+}
+
+#[test]
+fn duplicate_names_are_errors_pointing_at_the_first() {
+    let r = load(
+        r#"
+[[providers]]
+name = "main"
+kind = "local"
+model = "x"
+
+[[agents]]
+id = "a"
+provider = "main"
+[[agents]]
+id = "a"
+provider = "main"
+
+[[tools.mcp]]
+name = "plant"
+command = "p"
+[[tools.mcp]]
+name = "plant"
+url = "http://127.0.0.1:1/mcp"
+
+[[tools.http]]
+name = "t"
+description = "d"
+url = "http://127.0.0.1:1/"
+[[tools.http]]
+name = "t"
+description = "d"
+url = "http://127.0.0.1:1/"
+"#,
+    );
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(E, "providers[1].name"),
+            k(E, "agents[1].id"),
+            k(E, "tools.mcp[1].name"),
+            k(E, "tools.http[1].name"),
+        ],
+        "{}",
+        messages(&r)
+    );
+    let text = messages(&r);
+    assert!(
+        text.contains("keel.toml:8:1: providers[1].name: duplicate provider name \"main\" (first at providers[0].name, keel.toml:3:1)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn mcp_server_needs_exactly_one_transport() {
+    let r = load(
+        r#"
+[[tools.mcp]]
+name = "none"
+[[tools.mcp]]
+name = "both"
+command = "x"
+url = "http://127.0.0.1:1/mcp"
+[[tools.mcp]]
+name = "ok"
+url = "http://127.0.0.1:1/mcp"
+"#,
+    );
+    assert_eq!(
+        keys(&r),
+        vec![k(E, "tools.mcp[0]"), k(E, "tools.mcp[1].url")],
+        "{}",
+        messages(&r)
+    );
+    assert!(messages(&r).contains("keel.toml:7:1: tools.mcp[0]: needs either command"));
+}
+
+#[test]
+fn limits_and_loop_detection_must_make_sense() {
+    let r = load(
+        r#"
+[[agents]]
+id = "a"
+provider = "main"
+[agents.limits]
+max_steps = 0
+[agents.loop_detection]
+repeat_warning = 4
+repeat_critical = 2
+"#,
+    );
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(E, "agents[0].limits.max_steps"),
+            k(E, "agents[0].loop_detection.repeat_critical"),
+        ],
+        "{}",
+        messages(&r)
+    );
+    // Negative and oversized numbers are type errors, not wraparounds.
+    let r = load(
+        "[[agents]]\nid = \"a\"\nprovider = \"main\"\n[agents.limits]\nmax_steps = -1\nmax_tool_calls = 5000000000\n",
+    );
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(E, "agents[0].limits.max_steps"),
+            k(E, "agents[0].limits.max_tool_calls")
+        ],
+        "{}",
+        messages(&r)
+    );
+    assert!(messages(&r).contains("expected an integer from 0 to 4294967295, found 5000000000"));
+}
+
+#[test]
+fn http_tool_url_and_parameters_are_checked() {
+    let r = load(
+        r#"
+[[tools.http]]
+name = "one"
+description = "d"
+url = "http://127.0.0.1:1/f/{furnace_id}/{line}"
+parameters = { type = "object", properties = { furnace_id = { type = "string" } } }
+
+[[tools.http]]
+name = "two"
+description = "d"
+url = "http://127.0.0.1:1/"
+parameters = ["not", "a", "schema"]
+
+[[tools.http]]
+name = "three"
+description = "d"
+method = "FETCH"
+url = "ftp://x/{a"
+parameters = { type = "array" }
+"#,
+    );
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(E, "tools.http[0].url"),
+            k(E, "tools.http[1].parameters"),
+            k(E, "tools.http[2].method"),
+            k(E, "tools.http[2].url"),
+            k(E, "tools.http[2].url"),
+            k(E, "tools.http[2].parameters.type"),
+        ],
+        "{}",
+        messages(&r)
+    );
+    let text = messages(&r);
+    assert!(
+        text.contains("{line}, which is not in parameters.properties"),
+        "{text}"
+    );
+    assert!(!text.contains("{furnace_id}"), "{text}");
+}
+
+#[test]
+fn server_addresses_and_database_urls() {
+    for (server, bad) in [
+        (
+            "bind = \"127.0.0.1:8780\"\ndatabase_url = \"postgresql://u@h/db\"",
+            None,
+        ),
+        ("database_url = \"sqlite:///tmp/keel.db\"", None),
+        ("bind = \"localhost:80\"", None),
+        ("bind = \"8780\"", Some("server.bind")),
+        ("bind = \"127.0.0.1:70000\"", Some("server.bind")),
+        (
+            "database_url = \"mysql://u@h/db\"",
+            Some("server.database_url"),
+        ),
+        ("database_url = \"./keel.db\"", Some("server.database_url")),
+    ] {
+        let r = load(&format!("[server]\n{server}\n"));
+        match bad {
+            None => assert!(r.is_ok(), "{server}: {}", messages(&r)),
+            Some(key) => assert_eq!(keys(&r), vec![k(E, key)], "{server}"),
+        }
+    }
+}
+
+#[test]
+fn provider_without_base_url_is_fine() {
+    let r = load_str(
+        "[[providers]]\nname = \"o\"\nkind = \"openai\"\nmodel = \"gpt\"\n[[providers]]\nname = \"a\"\nkind = \"anthropic\"\nmodel = \"claude\"\n",
+        "keel.toml",
+        &MapEnv::new(),
+    );
+    assert!(r.is_ok(), "{}", messages(&r));
+    assert!(keys(&r).is_empty());
+}
+
+#[test]
+fn tool_patterns_that_match_nothing_are_warnings() {
+    let r = load(
+        r#"
+[[agents]]
+id = "a"
+provider = "main"
+tools = ["plant.*", "plant.restart", "p*", "*", "furnace_*", "memory_search", "web_fetch", "nothing_here", "other.*"]
+
+[[tools.mcp]]
+name = "plant"
+command = "python3"
+
+[[tools.http]]
+name = "furnace_status"
+description = "d"
+url = "http://127.0.0.1:1/"
+
+[tools.overrides."plant.restart_furnace"]
+risk = "dangerous"
+[tools.overrides.ghost]
+risk = "write"
+"#,
+    );
+    let loaded = r.as_ref().unwrap();
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(W, "agents[0].tools[7]"),
+            k(W, "agents[0].tools[8]"),
+            k(W, "tools.overrides.ghost"),
+        ],
+        "{}",
+        messages(&r)
+    );
+    assert!(
+        loaded.warnings[0]
+            .to_string()
+            .contains("warning: agents[0].tools[7]: pattern \"nothing_here\"")
+    );
+}
+
+#[test]
+fn env_references_in_headers_and_mcp_env() {
+    let text = r#"
+[[tools.mcp]]
+name = "plant"
+command = "python3"
+env = { PLANT_TOKEN = "${PLANT_TOKEN}", LITERAL = "$${NOT_A_REF}" }
+
+[[tools.http]]
+name = "t"
+description = "d"
+url = "http://127.0.0.1:1/"
+headers = { Authorization = "Bearer ${API_TOKEN}", X-Bad = "${oops" }
+"#;
+    let r = load(text);
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(W, "tools.mcp[0].env.PLANT_TOKEN"),
+            k(W, "tools.http[0].headers.Authorization"),
+            k(E, "tools.http[0].headers.X-Bad"),
+        ],
+        "{}",
+        messages(&r)
+    );
+    let env = MapEnv::new()
+        .with("PLANT_TOKEN", "a")
+        .with("API_TOKEN", "b");
+    let r = load_str(
+        &format!("{PROVIDER}{}", text.replace(", X-Bad = \"${oops\"", "")),
+        "keel.toml",
+        &env,
+    );
+    assert!(
+        r.as_ref().is_ok_and(|l| l.warnings.is_empty()),
+        "{}",
+        messages(&r)
+    );
+}
+
+#[test]
+fn wrong_section_shapes_are_type_errors() {
+    let r = load_str(
+        "server = 5\nproviders = { name = \"x\" }\n[tools]\noverrides = []\n",
+        "keel.toml",
+        &MapEnv::new(),
+    );
+    assert_eq!(
+        keys(&r),
+        vec![k(E, "server"), k(E, "providers"), k(E, "tools.overrides")],
+        "{}",
+        messages(&r)
+    );
+    assert!(messages(&r).contains("providers: expected an array of tables, found a table"));
+}
+
+#[test]
+fn quoted_keys_render_quoted() {
+    let r = load("[tools.overrides.\"plant.restart_furnace\"]\nrisk = \"fatal\"\n");
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(W, "tools.overrides.\"plant.restart_furnace\""),
+            k(E, "tools.overrides.\"plant.restart_furnace\".risk"),
+        ],
+        "{}",
+        messages(&r)
+    );
+}

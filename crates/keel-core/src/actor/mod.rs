@@ -1,0 +1,282 @@
+//! One task per live run: it owns the run's state, receives commands, and
+//! drives the dual loop (inner: model → guarded tool calls; outer: follow-ups).
+//!
+//! Every change is committed to the store before its events are published,
+//! and every tool call gets exactly one result in the history, whatever
+//! happens to it (executed, refused, skipped by steering, cancelled).
+
+mod finish;
+mod model_call;
+mod recover;
+mod step;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_protocol::{
+    Commit, ErrorBody, EventKind, Message, Principal, RunPatch, RunRecord, RunStatus, StoreError,
+    ToolCall, Usage,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::AgentRuntime;
+use crate::runtime::{Command, Shared};
+use crate::state::LoopState;
+
+/// Why the loop stopped early.
+#[derive(Debug)]
+pub(crate) enum Exit {
+    Cancelled,
+    Failed(ErrorBody),
+    Budget(&'static str),
+    Store(StoreError),
+    /// The runtime dropped the command channel (shutdown): leave the run as stored.
+    Detached,
+}
+
+impl From<StoreError> for Exit {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    Done,
+}
+
+pub(crate) struct RunActor {
+    shared: Arc<Shared>,
+    run_id: String,
+    status: RunStatus,
+    input: String,
+    session: String,
+    principal: Principal,
+    agent: AgentRuntime,
+    history: Vec<Message>,
+    state: LoopState,
+    steps: u32,
+    usage: Usage,
+    commands: mpsc::UnboundedReceiver<Command>,
+    cancel: CancellationToken,
+    cancelled_by: Arc<std::sync::Mutex<Option<String>>>,
+    steers: VecDeque<String>,
+    started: Instant,
+}
+
+pub(crate) struct ActorInit {
+    pub shared: Arc<Shared>,
+    pub record: RunRecord,
+    pub agent: AgentRuntime,
+    pub commands: mpsc::UnboundedReceiver<Command>,
+    pub cancel: CancellationToken,
+    pub cancelled_by: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl RunActor {
+    pub(crate) fn new(init: ActorInit) -> Self {
+        let r = init.record;
+        let state = LoopState::from_value(&r.state);
+        // Wall time counts from creation, minus time spent waiting for people.
+        let age = (keel_protocol::now() - r.created_at).to_std().unwrap_or_default();
+        let counted = age.saturating_sub(Duration::from_secs_f64(state.waited_s.max(0.0)));
+        let started = Instant::now().checked_sub(counted).unwrap_or_else(Instant::now);
+        Self {
+            shared: init.shared,
+            run_id: r.id,
+            status: r.status,
+            input: r.input,
+            session: r.session,
+            principal: r.principal.unwrap_or_else(Principal::local_default),
+            agent: init.agent,
+            history: Vec::new(),
+            state,
+            steps: r.steps,
+            usage: r.usage,
+            commands: init.commands,
+            cancel: init.cancel,
+            cancelled_by: init.cancelled_by,
+            steers: VecDeque::new(),
+            started,
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let result = self.drive().await;
+        let end = match result {
+            Ok(()) => Ok(()),
+            Err(Exit::Cancelled) => self.finish_cancelled().await,
+            Err(Exit::Failed(err)) => self.finish_failed(err).await,
+            Err(Exit::Budget(which)) => match self.finish_budget(which).await {
+                Err(Exit::Cancelled) => self.finish_cancelled().await,
+                Err(Exit::Failed(err)) => self.finish_failed(err).await,
+                other => other,
+            },
+            Err(other) => Err(other),
+        };
+        match end {
+            Ok(()) | Err(Exit::Detached) => {}
+            Err(Exit::Store(e)) => {
+                tracing::error!(run = %self.run_id, error = %e, "run stopped: the store failed; it resumes on restart");
+            }
+            Err(e) => {
+                tracing::error!(run = %self.run_id, error = ?e, "run could not be finished cleanly");
+            }
+        }
+        self.shared.actor_finished(&self.run_id);
+    }
+
+    async fn drive(&mut self) -> Result<(), Exit> {
+        self.history = self.shared.store.history(&self.run_id).await?;
+        match self.status {
+            RunStatus::Queued => {
+                self.status = RunStatus::Running;
+                let started = EventKind::RunStarted {
+                    input: self.input.clone(),
+                    session: self.session.clone(),
+                    agent: self.agent.config.id.clone(),
+                };
+                let input = Message::user(self.input.clone());
+                self.commit_status(vec![started], vec![input], RunStatus::Running, None)
+                    .await?;
+            }
+            RunStatus::Running => self.recover().await?,
+            _ => {}
+        }
+        loop {
+            let flow = if self.state.waiting.is_some() {
+                let reply = self.wait_for_input().await?;
+                self.resolve_input(reply).await?
+            } else {
+                self.step().await?
+            };
+            if flow == Flow::Done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Applies queued steering and follow-up commands without waiting.
+    fn drain_commands(&mut self) {
+        while let Ok(cmd) = self.commands.try_recv() {
+            self.accept(cmd);
+        }
+    }
+
+    fn accept(&mut self, cmd: Command) {
+        match cmd {
+            Command::Steer(t) => self.steers.push_back(t),
+            Command::FollowUp(t) => self.state.follow_ups.push_back(t),
+            // Input is only forwarded while waiting; an early one is dropped by the runtime.
+            Command::Input(_) => {}
+        }
+    }
+
+    async fn wait_for_input(&mut self) -> Result<String, Exit> {
+        let since = Instant::now();
+        let reply = loop {
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return Err(Exit::Cancelled),
+                cmd = self.commands.recv() => match cmd {
+                    Some(Command::Input(text)) => break text,
+                    Some(other) => self.accept(other),
+                    None => return Err(Exit::Detached),
+                },
+            }
+        };
+        let waited = since.elapsed();
+        self.state.waited_s += waited.as_secs_f64();
+        self.started += waited;
+        Ok(reply)
+    }
+
+    /// Commits events and messages with the loop's current counters and state.
+    async fn commit(&mut self, events: Vec<EventKind>, messages: Vec<Message>) -> Result<(), Exit> {
+        self.commit_patch(events, messages, RunPatch::default()).await
+    }
+
+    async fn commit_status(
+        &mut self,
+        events: Vec<EventKind>,
+        messages: Vec<Message>,
+        status: RunStatus,
+        pending: Option<serde_json::Value>,
+    ) -> Result<(), Exit> {
+        self.status = status;
+        let patch = RunPatch {
+            status: Some(status),
+            pending: Some(pending.unwrap_or(serde_json::Value::Null)),
+            ..RunPatch::default()
+        };
+        self.commit_patch(events, messages, patch).await
+    }
+
+    async fn commit_patch(
+        &mut self,
+        events: Vec<EventKind>,
+        messages: Vec<Message>,
+        mut patch: RunPatch,
+    ) -> Result<(), Exit> {
+        patch.steps = Some(self.steps);
+        patch.usage = Some(self.usage);
+        patch.state = Some(self.state.to_value());
+        let commit = Commit {
+            events,
+            messages: messages.clone(),
+            patch: Some(patch),
+        };
+        let published = self.shared.store.commit(&self.run_id, commit).await?;
+        self.history.extend(messages);
+        self.shared.bus.publish(&published);
+        Ok(())
+    }
+
+    /// Tool calls of the last assistant turn that have no result yet.
+    fn unanswered_calls(&self) -> Vec<ToolCall> {
+        unanswered(&self.history)
+    }
+
+    fn deadline(&self) -> Instant {
+        self.started + Duration::from_secs(self.agent.config.limits.max_wall_time_s.max(1))
+    }
+}
+
+/// Calls of the last assistant message with tool calls that no tool message answers.
+pub(crate) fn unanswered(history: &[Message]) -> Vec<ToolCall> {
+    let Some(pos) = history
+        .iter()
+        .rposition(|m| matches!(m, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty()))
+    else {
+        return Vec::new();
+    };
+    let Message::Assistant { tool_calls, .. } = &history[pos] else {
+        return Vec::new();
+    };
+    let answered: std::collections::HashSet<&str> = history[pos + 1..]
+        .iter()
+        .filter_map(|m| match m {
+            Message::Tool { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    tool_calls
+        .iter()
+        .filter(|c| !answered.contains(c.id.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// A synthesized error result for a call that did not run.
+pub(crate) fn synthetic_result(call: &ToolCall, text: impl Into<String>) -> Message {
+    Message::Tool {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: text.into(),
+        is_error: true,
+    }
+}

@@ -1,0 +1,95 @@
+//! One model call: cancellable, bounded by the run's deadline, with text
+//! deltas persisted as `message_delta` events while it streams.
+
+use std::time::{Duration, Instant as StdInstant};
+
+use futures::StreamExt;
+use keel_protocol::{ErrorBody, EventKind, ModelRequest, ModelResponse};
+use tokio::time::Instant;
+
+use super::{Exit, RunActor};
+
+/// The longest final answer kept; a runaway reply is cut with a note.
+const MAX_ANSWER_BYTES: usize = 256 * 1024;
+
+impl RunActor {
+    /// Returns the response and the time spent waiting for the model.
+    pub(super) async fn call_model(
+        &mut self,
+        request: ModelRequest,
+        deadline: Option<Instant>,
+    ) -> Result<(ModelResponse, Duration), Exit> {
+        debug_assert!(self.unanswered_calls().is_empty(), "every tool call needs a result before the next model call");
+        let (tx, mut rx) = futures::channel::mpsc::unbounded::<String>();
+        let model = self.agent.model.clone();
+        let call = async move { model.complete(&request, Some(tx)).await };
+        tokio::pin!(call);
+        let sleep = tokio::time::sleep_until(deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365)));
+        tokio::pin!(sleep);
+        let started = StdInstant::now();
+        let mut streamed = 0usize;
+        let result = loop {
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return Err(Exit::Cancelled),
+                _ = &mut sleep => return Err(Exit::Budget("max_wall_time")),
+                r = &mut call => break r,
+                Some(delta) = rx.next() => {
+                    let mut text = delta;
+                    while let Ok(more) = rx.try_recv() {
+                        text.push_str(&more);
+                    }
+                    streamed += self.emit_delta(text, streamed).await?;
+                }
+            }
+        };
+        let mut rest = String::new();
+        while let Ok(more) = rx.try_recv() {
+            rest.push_str(&more);
+        }
+        if !rest.is_empty() {
+            self.emit_delta(rest, streamed).await?;
+        }
+        let elapsed = started.elapsed();
+        metrics::histogram!("keel_llm_latency_seconds").record(elapsed.as_secs_f64());
+        self.usage.llm_calls += 1;
+        let mut response = result.map_err(|e| {
+            Exit::Failed(ErrorBody::new("provider_error", e.to_string()))
+        })?;
+        self.usage.prompt_tokens += response.usage.prompt_tokens;
+        self.usage.completion_tokens += response.usage.completion_tokens;
+        cap_text(&mut response.text);
+        Ok((response, elapsed))
+    }
+
+    /// Persists and publishes streamed text, up to the answer cap. Returns bytes emitted.
+    async fn emit_delta(&mut self, mut text: String, already: usize) -> Result<usize, Exit> {
+        if already >= MAX_ANSWER_BYTES || text.is_empty() {
+            return Ok(0);
+        }
+        let room = MAX_ANSWER_BYTES - already;
+        if text.len() > room {
+            let mut cut = room;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+        }
+        let n = text.len();
+        self.commit(vec![EventKind::MessageDelta { text }], Vec::new()).await?;
+        Ok(n)
+    }
+}
+
+fn cap_text(text: &mut String) {
+    if text.len() <= MAX_ANSWER_BYTES {
+        return;
+    }
+    let mut cut = MAX_ANSWER_BYTES;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let dropped = text.len() - cut;
+    text.truncate(cut);
+    text.push_str(&format!("\n[answer truncated: {dropped} more bytes]"));
+}

@@ -1,0 +1,61 @@
+//! Live fan-out of persisted events to subscribers (SSE clients, the CLI).
+//!
+//! Only events already written to the store are published here, so a
+//! subscriber that lags or connects late catches up from the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use keel_protocol::Event;
+use tokio::sync::broadcast;
+
+const CAPACITY: usize = 512;
+
+#[derive(Default)]
+pub struct EventBus {
+    channels: Mutex<HashMap<String, broadcast::Sender<Arc<Event>>>>,
+}
+
+impl EventBus {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn subscribe(&self, run_id: &str) -> broadcast::Receiver<Arc<Event>> {
+        let mut map = self.lock();
+        map.entry(run_id.to_owned())
+            .or_insert_with(|| broadcast::channel(CAPACITY).0)
+            .subscribe()
+    }
+
+    pub fn publish(&self, events: &[Event]) {
+        let Some(first) = events.first() else {
+            return;
+        };
+        let mut map = self.lock();
+        let terminal = events.iter().any(Event::is_terminal);
+        if let Some(tx) = map.get(&first.run_id) {
+            for e in events {
+                // No receiver is fine: nobody is watching this run right now.
+                let _ = tx.send(Arc::new(e.clone()));
+            }
+        }
+        if terminal {
+            // Receivers still drain what was sent, then see the channel close.
+            map.remove(&first.run_id);
+        }
+    }
+
+    /// Drops the channel of a run nobody watches any more.
+    pub fn release(&self, run_id: &str) {
+        let mut map = self.lock();
+        if map.get(run_id).is_some_and(|tx| tx.receiver_count() == 0) {
+            map.remove(run_id);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, broadcast::Sender<Arc<Event>>>> {
+        // A poisoned lock only means another thread panicked mid-insert; the map is still usable.
+        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

@@ -1,0 +1,263 @@
+//! The rules for asking the user (SPEC §4.2, §4.3), as pure functions.
+//!
+//! A clarification is only worth a user's time when it unblocks a concrete
+//! tool call; everything else is answered directly.
+
+use keel_protocol::{ToolSchema, ToolSpec};
+use serde_json::{Map, Value, json};
+
+/// The reserved function through which the model asks the user.
+pub const CLARIFY_TOOL: &str = "clarify";
+
+/// At most this many slots are asked for at once.
+pub const MAX_SLOTS_ASKED: usize = 2;
+
+pub fn clarify_schema() -> ToolSchema {
+    ToolSchema {
+        name: CLARIFY_TOOL.into(),
+        description: "Ask the user for required parameters of one specific tool that you must call \
+                      and cannot call without them. Never use this for general questions: answer those directly."
+            .into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "tool_name": {"type": "string", "description": "The tool you need to call"},
+                "missing_slots": {"type": "array", "items": {"type": "string"},
+                                   "description": "Required parameters of that tool the user has not given"},
+                "question": {"type": "string", "description": "The question to ask the user"}
+            },
+            "required": ["tool_name", "missing_slots", "question"],
+            "additionalProperties": false
+        }),
+    }
+}
+
+/// What the model asked for through `clarify`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ClarifyRequest {
+    pub tool_name: String,
+    pub missing_slots: Vec<String>,
+    pub question: String,
+}
+
+impl ClarifyRequest {
+    /// Reads the arguments leniently: a malformed request is simply not actionable.
+    pub fn parse(raw_arguments: &str) -> Self {
+        let v: Value = serde_json::from_str(raw_arguments).unwrap_or(Value::Null);
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").trim().to_owned();
+        let missing_slots = v
+            .get("missing_slots")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            tool_name: s("tool_name"),
+            missing_slots,
+            question: s("question"),
+        }
+    }
+}
+
+/// Why a clarification was refused, for the `react_feedback` detail.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NotActionable {
+    NoSuchTool(String),
+    NoSlots,
+    NotRequired(Vec<String>),
+}
+
+impl std::fmt::Display for NotActionable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoSuchTool(t) if t.is_empty() => write!(f, "clarify named no tool"),
+            Self::NoSuchTool(t) => write!(f, "clarify named `{t}`, which is not a tool this caller may use"),
+            Self::NoSlots => write!(f, "clarify named no missing parameter"),
+            Self::NotRequired(s) => write!(
+                f,
+                "clarify asked for {} which {} not required parameters of the tool",
+                s.join(", "),
+                if s.len() == 1 { "is" } else { "are" }
+            ),
+        }
+    }
+}
+
+/// Checks SPEC §4.2: the tool must be usable and every slot a required
+/// parameter of it. Returns the slots to ask for (at most two, in schema order).
+pub fn actionable_slots(
+    req: &ClarifyRequest,
+    tool: Option<&ToolSpec>,
+) -> Result<Vec<String>, NotActionable> {
+    let Some(spec) = tool else {
+        return Err(NotActionable::NoSuchTool(req.tool_name.clone()));
+    };
+    if req.missing_slots.is_empty() {
+        return Err(NotActionable::NoSlots);
+    }
+    let required = spec.required_params();
+    let not_required: Vec<String> = req
+        .missing_slots
+        .iter()
+        .filter(|s| !required.contains(s))
+        .cloned()
+        .collect();
+    if !not_required.is_empty() {
+        return Err(NotActionable::NotRequired(not_required));
+    }
+    Ok(most_important(spec, &req.missing_slots))
+}
+
+/// The slots worth asking for first: schema order of `required`, at most two.
+pub fn most_important(spec: &ToolSpec, missing: &[String]) -> Vec<String> {
+    spec.required_params()
+        .into_iter()
+        .filter(|r| missing.contains(r))
+        .take(MAX_SLOTS_ASKED)
+        .collect()
+}
+
+/// The question shown to the user: the model's when it gave one, else built
+/// from the parameters' descriptions.
+pub fn question_for(spec: &ToolSpec, slots: &[String], model_question: Option<&str>) -> String {
+    if let Some(q) = model_question.map(str::trim).filter(|q| !q.is_empty()) {
+        return q.to_owned();
+    }
+    let parts: Vec<String> = slots
+        .iter()
+        .map(|s| match spec.param_description(s) {
+            Some(d) if !d.is_empty() => format!("{s} ({d})"),
+            _ => s.clone(),
+        })
+        .collect();
+    format!("To run {} I need: {}. Please provide {}.", spec.name, parts.join("; "),
+        if slots.len() == 1 { "it" } else { "them" })
+}
+
+/// Merges the user's reply into the pending arguments. A JSON object reply
+/// fills the named slots; with a single slot, the whole reply is its value
+/// (converted to the parameter's type). `None` when the reply does not fit.
+pub fn merge_reply(spec: &ToolSpec, args: &Value, slots: &[String], reply: &str) -> Option<Value> {
+    let mut merged: Map<String, Value> = args.as_object().cloned().unwrap_or_default();
+    let reply = reply.trim();
+    if let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(reply) {
+        let mut filled = false;
+        for slot in slots {
+            if let Some(v) = obj.get(slot) {
+                merged.insert(slot.clone(), v.clone());
+                filled = true;
+            }
+        }
+        return filled.then_some(Value::Object(merged));
+    }
+    let [slot] = slots else {
+        return None;
+    };
+    if reply.is_empty() {
+        return None;
+    }
+    let ty = spec
+        .parameters
+        .get("properties")
+        .and_then(|p| p.get(slot))
+        .and_then(|p| p.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("string");
+    let value = match ty {
+        "integer" => Value::from(reply.parse::<i64>().ok()?),
+        "number" => serde_json::Number::from_f64(reply.parse::<f64>().ok()?).map(Value::Number)?,
+        "boolean" => match reply.to_ascii_lowercase().as_str() {
+            "true" | "yes" | "y" => Value::Bool(true),
+            "false" | "no" | "n" => Value::Bool(false),
+            _ => return None,
+        },
+        _ => Value::String(reply.to_owned()),
+    };
+    merged.insert(slot.clone(), value);
+    Some(Value::Object(merged))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ToolSpec {
+        ToolSpec::new(
+            "furnace_status",
+            "status",
+            json!({"type":"object","properties":{
+                "furnace_id":{"type":"string","description":"Furnace id, e.g. F2"},
+                "hours":{"type":"integer"},
+                "verbose":{"type":"boolean"}},
+                "required":["furnace_id","hours"]}),
+        )
+    }
+
+    #[test]
+    fn clarify_without_tool_is_not_actionable() {
+        let r = ClarifyRequest::parse(r#"{"tool_name":"","missing_slots":["x"],"question":"?"}"#);
+        assert_eq!(actionable_slots(&r, None), Err(NotActionable::NoSuchTool(String::new())));
+    }
+
+    #[test]
+    fn clarify_needs_slots_that_are_required() {
+        let s = spec();
+        let none = ClarifyRequest { tool_name: "furnace_status".into(), ..Default::default() };
+        assert_eq!(actionable_slots(&none, Some(&s)), Err(NotActionable::NoSlots));
+        let wrong = ClarifyRequest {
+            tool_name: "furnace_status".into(),
+            missing_slots: vec!["verbose".into()],
+            question: String::new(),
+        };
+        assert!(matches!(actionable_slots(&wrong, Some(&s)), Err(NotActionable::NotRequired(_))));
+        let ok = ClarifyRequest {
+            tool_name: "furnace_status".into(),
+            missing_slots: vec!["hours".into(), "furnace_id".into()],
+            question: String::new(),
+        };
+        assert_eq!(actionable_slots(&ok, Some(&s)).unwrap(), vec!["furnace_id", "hours"]);
+    }
+
+    #[test]
+    fn malformed_clarify_arguments_parse_to_empty() {
+        let r = ClarifyRequest::parse("{not json");
+        assert_eq!(r, ClarifyRequest::default());
+    }
+
+    #[test]
+    fn question_falls_back_to_descriptions() {
+        let q = question_for(&spec(), &["furnace_id".into()], None);
+        assert!(q.contains("Furnace id, e.g. F2"), "{q}");
+        assert_eq!(question_for(&spec(), &["furnace_id".into()], Some("Which furnace?")), "Which furnace?");
+    }
+
+    #[test]
+    fn reply_merges_into_single_slot_with_type() {
+        let s = spec();
+        let args = json!({"furnace_id":"F2"});
+        assert_eq!(merge_reply(&s, &args, &["hours".into()], " 12 ").unwrap(), json!({"furnace_id":"F2","hours":12}));
+        assert_eq!(merge_reply(&s, &args, &["hours".into()], "twelve"), None);
+        assert_eq!(
+            merge_reply(&s, &json!({}), &["furnace_id".into()], "F7").unwrap(),
+            json!({"furnace_id":"F7"})
+        );
+    }
+
+    #[test]
+    fn reply_as_json_object_fills_several_slots() {
+        let s = spec();
+        let m = merge_reply(&s, &json!({}), &["furnace_id".into(), "hours".into()], r#"{"furnace_id":"F1","hours":3}"#);
+        assert_eq!(m.unwrap(), json!({"furnace_id":"F1","hours":3}));
+        assert_eq!(merge_reply(&s, &json!({}), &["furnace_id".into(), "hours".into()], "F1 and 3"), None);
+    }
+
+    #[test]
+    fn at_most_two_slots_are_asked() {
+        let s = ToolSpec::new("t", "", json!({"type":"object","properties":{"a":{},"b":{},"c":{}},"required":["a","b","c"]}));
+        assert_eq!(most_important(&s, &["c".into(), "b".into(), "a".into()]), vec!["a", "b"]);
+    }
+}

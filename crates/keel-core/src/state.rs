@@ -1,0 +1,69 @@
+//! The loop's own bookkeeping, persisted with every commit so that a
+//! restarted node continues exactly where the run stood.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LoopState {
+    #[serde(default)]
+    pub clarify_rounds: u32,
+    /// Consecutive repair turns per tool (reset when a call to it passes the guard).
+    #[serde(default)]
+    pub repairs: BTreeMap<String, u32>,
+    #[serde(default)]
+    pub follow_ups: VecDeque<String>,
+    #[serde(default)]
+    pub waiting: Option<Waiting>,
+    /// Seconds the run spent waiting for people; excluded from `max_wall_time`.
+    #[serde(default)]
+    pub waited_s: f64,
+}
+
+impl LoopState {
+    pub fn from_value(v: &Value) -> Self {
+        serde_json::from_value(v.clone()).unwrap_or_default()
+    }
+
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitKind {
+    /// A real tool call lacks required arguments.
+    MissingArguments,
+    /// The model asked through `clarify`.
+    Clarify,
+}
+
+/// A call held until the user answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Waiting {
+    pub kind: WaitKind,
+    pub step: u32,
+    pub call_id: String,
+    /// The tool whose arguments are missing.
+    pub tool: String,
+    pub arguments: Value,
+    pub slots: Vec<String>,
+    pub question: String,
+    pub round: u32,
+}
+
+impl Waiting {
+    /// The run's public `pending` field.
+    pub fn pending(&self) -> Value {
+        json!({
+            "type": "input",
+            "question": self.question,
+            "tool": self.tool,
+            "missing_slots": self.slots,
+            "round": self.round,
+        })
+    }
+}

@@ -1,0 +1,46 @@
+//! JSON bodies with errors that name the offending field, and a size limit
+//! answered in the API's own error format.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use serde::de::DeserializeOwned;
+
+use crate::{AppState, ApiError};
+
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let limit = state.max_body_bytes;
+        let declared = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return Err(ApiError::too_large(format!("body: larger than the {limit}-byte limit")));
+        }
+        let bytes: Bytes = axum::body::to_bytes(req.into_body(), limit)
+            .await
+            .map_err(|_| ApiError::too_large(format!("body: larger than the {limit}-byte limit")))?;
+        parse(&bytes).map(JsonBody)
+    }
+}
+
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request("body: expected a JSON object, got an empty body"));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            ApiError::bad_request(format!("body: {inner}"))
+        } else {
+            ApiError::bad_request(format!("{path}: {inner}"))
+        }
+    })
+}

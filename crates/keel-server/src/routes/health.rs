@@ -1,0 +1,33 @@
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde_json::json;
+
+use crate::{AppState, ApiError};
+
+pub async fn healthz() -> impl IntoResponse {
+    Json(json!({"status": "ok"}))
+}
+
+pub async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+    match s.runtime.store().ping().await {
+        Ok(()) => (StatusCode::OK, Json(json!({"status": "ready", "checks": {"store": "ok"}}))),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "not_ready", "checks": {"store": e.to_string()}})),
+        ),
+    }
+}
+
+pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    metrics::gauge!("keel_active_runs").set(s.runtime.active_runs() as f64);
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}

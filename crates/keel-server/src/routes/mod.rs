@@ -1,0 +1,26 @@
+mod health;
+mod runs;
+mod sessions;
+mod tools;
+
+use axum::Router;
+use axum::routing::{get, post};
+
+use crate::AppState;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/ai/runs", post(runs::create).get(runs::list))
+        .route("/ai/runs/{id}", get(runs::get))
+        .route("/ai/runs/{id}/events", get(runs::events))
+        .route("/ai/runs/{id}/input", post(runs::input))
+        .route("/ai/runs/{id}/steer", post(runs::steer))
+        .route("/ai/runs/{id}/follow_up", post(runs::follow_up))
+        .route("/ai/runs/{id}/cancel", post(runs::cancel))
+        .route("/ai/tools", get(tools::list))
+        .route("/ai/sessions/{key}", get(sessions::get))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .fallback(health::not_found)
+}

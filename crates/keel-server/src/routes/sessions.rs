@@ -1,0 +1,30 @@
+use axum::Json;
+use axum::extract::{Path, State};
+use serde_json::{Value, json};
+
+use crate::auth::Caller;
+use crate::error::from_core;
+use crate::{AppState, ApiError};
+
+pub async fn get(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(key): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let messages = s
+        .runtime
+        .session(&p.tenant, &key)
+        .await
+        .map_err(|e| from_core(e, "session"))?;
+    let list: Vec<Value> = messages
+        .into_iter()
+        .map(|(run_id, m)| {
+            let mut v = serde_json::to_value(&m).unwrap_or(Value::Null);
+            if let Value::Object(o) = &mut v {
+                o.insert("run_id".into(), Value::String(run_id));
+            }
+            v
+        })
+        .collect();
+    Ok(Json(json!({"key": key, "messages": list})))
+}

@@ -1,0 +1,38 @@
+use axum::Json;
+use axum::extract::{Query, State};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::auth::Caller;
+use crate::error::from_core;
+use crate::{AppState, ApiError};
+
+#[derive(Deserialize)]
+pub struct ToolsQuery {
+    agent: Option<String>,
+}
+
+pub async fn list(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Query(q): Query<ToolsQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let tools = s
+        .runtime
+        .visible_tools(&p, q.agent.as_deref())
+        .map_err(|e| from_core(e, "agent"))?;
+    let list: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters,
+                "risk": t.risk,
+                "requires_approval": t.requires_approval,
+                "source": t.source,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"tools": list})))
+}

@@ -1,0 +1,157 @@
+//! The SQLite store: one writer thread with group commit, a pool of
+//! read-only connections, WAL so that reads never wait for writes.
+
+mod codec;
+mod migrate;
+mod pool;
+mod reads;
+mod writer;
+mod writes;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use keel_protocol::{
+    Commit, Event, Message, NewRun, RunFilter, RunPage, RunRecord, Store, StoreError,
+};
+
+use codec::db;
+use pool::ReadPool;
+use writer::{WriteOp, Writer};
+
+/// Read connections kept open; reads beyond this many wait for one.
+const READERS: usize = 4;
+
+/// How long a connection waits for a lock held by another process.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// [`Store`] over one SQLite file.
+///
+/// Dropping it waits for writes already submitted, then closes the file.
+pub struct SqliteStore {
+    writer: Writer,
+    readers: Arc<ReadPool>,
+}
+
+impl SqliteStore {
+    /// Opens (creating it and its directory if needed) and migrates the
+    /// database at `path`.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Backend(format!("creating directory {}: {e}", dir.display()))
+            })?;
+        }
+        let mut conn = open_writer(path)?;
+        migrate::migrate(&mut conn)?;
+        // Readers open after the writer has switched the file to WAL and
+        // created the schema, which a read-only connection could not do.
+        let readers = ReadPool::open(path.to_path_buf(), READERS)?;
+        let writer = Writer::spawn(conn)?;
+        tracing::debug!(path = %path.display(), "opened sqlite store");
+        Ok(Self { writer, readers })
+    }
+
+    /// The schema version this build creates and expects.
+    pub fn schema_version() -> i64 {
+        migrate::latest_version()
+    }
+}
+
+fn open_writer(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)
+        .map_err(|e| StoreError::Backend(format!("opening {}: {e}", path.display())))?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .map_err(db("enabling WAL"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Backend(format!(
+            "{} cannot use WAL (journal mode is {mode})",
+            path.display()
+        )));
+    }
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(db("setting synchronous"))?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(db("enabling foreign keys"))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(db("setting busy timeout"))?;
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(conn)
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn create_run(&self, run: NewRun) -> Result<(RunRecord, bool), StoreError> {
+        self.writer
+            .submit(|reply| WriteOp::CreateRun { run, reply })
+            .await
+    }
+
+    async fn get_run(&self, tenant: &str, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.readers
+            .run(move |c| reads::get_run(c, &tenant, &id))
+            .await
+    }
+
+    async fn list_runs(&self, tenant: &str, filter: &RunFilter) -> Result<RunPage, StoreError> {
+        let (tenant, filter) = (tenant.to_owned(), filter.clone());
+        self.readers
+            .run(move |c| reads::list_runs(c, &tenant, &filter))
+            .await
+    }
+
+    async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.writer
+            .submit(|reply| WriteOp::Commit {
+                run_id,
+                commit,
+                reply,
+            })
+            .await
+    }
+
+    async fn events_after(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.readers
+            .run(move |c| reads::events_after(c, &run_id, after, limit))
+            .await
+    }
+
+    async fn history(&self, run_id: &str) -> Result<Vec<Message>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.readers.run(move |c| reads::history(c, &run_id)).await
+    }
+
+    async fn session_messages(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<Option<Vec<(String, Message)>>, StoreError> {
+        let (tenant, session) = (tenant.to_owned(), session.to_owned());
+        self.readers
+            .run(move |c| reads::session_messages(c, &tenant, &session))
+            .await
+    }
+
+    async fn unfinished_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        self.readers.run(reads::unfinished_runs).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        if !self.writer.is_running() {
+            return Err(StoreError::Backend("store writer has stopped".into()));
+        }
+        self.readers.run(reads::ping).await
+    }
+}

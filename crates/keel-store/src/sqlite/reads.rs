@@ -1,0 +1,195 @@
+//! The read queries, run on pooled read-only connections.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use keel_protocol::{Event, Message, RunFilter, RunPage, RunRecord, StoreError};
+
+use super::codec::{RUN_COLUMNS, RawRun, db, from_json, to_i64};
+
+/// Page size when the caller asks for none, and the most one page may hold.
+const DEFAULT_PAGE: u32 = 20;
+const MAX_PAGE: u32 = 100;
+
+pub(super) fn get_run(
+    conn: &Connection,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<RunRecord>, StoreError> {
+    conn.prepare_cached(&format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1 AND tenant = ?2"
+    ))
+    .map_err(db("preparing run lookup"))?
+    .query_row(params![id, tenant], RawRun::from_row)
+    .optional()
+    .map_err(db("reading run"))?
+    .map(RawRun::decode)
+    .transpose()
+}
+
+/// Newest first. The cursor is the creation order of the last run of the
+/// previous page; it is opaque to callers.
+pub(super) fn list_runs(
+    conn: &Connection,
+    tenant: &str,
+    filter: &RunFilter,
+) -> Result<RunPage, StoreError> {
+    let limit = match filter.limit {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_PAGE),
+    };
+    let before = match &filter.cursor {
+        None => i64::MAX,
+        Some(cursor) => cursor
+            .parse::<i64>()
+            .ok()
+            .filter(|ord| *ord > 0)
+            .ok_or_else(|| StoreError::Conflict(format!("invalid cursor {cursor:?}")))?,
+    };
+    // One statement per filter combination, each able to use its own index.
+    let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant = ?1");
+    if filter.session.is_some() {
+        sql.push_str(" AND session = ?2");
+    }
+    if filter.status.is_some() {
+        sql.push_str(" AND status = ?3");
+    }
+    sql.push_str(" AND ord < ?4 ORDER BY ord DESC LIMIT ?5");
+
+    let mut stmt = conn
+        .prepare_cached(&sql)
+        .map_err(db("preparing run listing"))?;
+    let raws = stmt
+        .query_map(
+            params![
+                tenant,
+                filter.session,
+                filter.status.map(|s| s.as_str()),
+                before,
+                // One more than asked tells whether another page follows.
+                i64::from(limit) + 1,
+            ],
+            RawRun::from_row,
+        )
+        .map_err(db("listing runs"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(db("reading listed runs"))?;
+
+    let more = raws.len() > limit as usize;
+    let mut runs = Vec::with_capacity(raws.len().min(limit as usize));
+    let mut last_ord = None;
+    for raw in raws.into_iter().take(limit as usize) {
+        last_ord = Some(raw.ord);
+        runs.push(raw.decode()?);
+    }
+    let next_cursor = if more {
+        last_ord.map(|o| o.to_string())
+    } else {
+        None
+    };
+    Ok(RunPage { runs, next_cursor })
+}
+
+pub(super) fn events_after(
+    conn: &Connection,
+    run_id: &str,
+    after: u64,
+    limit: u32,
+) -> Result<Vec<Event>, StoreError> {
+    // Every stored seq is below i64::MAX, so clamping keeps the meaning.
+    let after = to_i64(after, "seq").unwrap_or(i64::MAX);
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT body FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )
+        .map_err(db("preparing event query"))?;
+    let rows = stmt
+        .query_map(params![run_id, after, limit], |r| r.get::<_, String>(0))
+        .map_err(db("reading events"))?;
+    let mut events = Vec::new();
+    for body in rows {
+        events.push(from_json(&body.map_err(db("reading event"))?, "event")?);
+    }
+    Ok(events)
+}
+
+/// Earlier runs' messages first, then the run's own, each in insertion
+/// order; runs created after this one are not part of its history.
+pub(super) fn history(conn: &Connection, run_id: &str) -> Result<Vec<Message>, StoreError> {
+    let (tenant, session, ord): (String, String, i64) = conn
+        .prepare_cached("SELECT tenant, session, ord FROM runs WHERE id = ?1")
+        .map_err(db("preparing run lookup"))?
+        .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()
+        .map_err(db("reading run"))?
+        .ok_or(StoreError::NotFound)?;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT m.body FROM messages m JOIN runs r ON r.id = m.run_id \
+             WHERE m.tenant = ?1 AND m.session = ?2 AND (r.ord < ?3 OR m.run_id = ?4) \
+             ORDER BY m.run_id = ?4, m.id",
+        )
+        .map_err(db("preparing history query"))?;
+    let rows = stmt
+        .query_map(params![tenant, session, ord, run_id], |r| {
+            r.get::<_, String>(0)
+        })
+        .map_err(db("reading history"))?;
+    let mut messages = Vec::new();
+    for body in rows {
+        messages.push(from_json(&body.map_err(db("reading message"))?, "message")?);
+    }
+    Ok(messages)
+}
+
+pub(super) fn session_messages(
+    conn: &Connection,
+    tenant: &str,
+    session: &str,
+) -> Result<Option<Vec<(String, Message)>>, StoreError> {
+    let exists = conn
+        .prepare_cached("SELECT 1 FROM sessions WHERE tenant = ?1 AND key = ?2")
+        .map_err(db("preparing session lookup"))?
+        .exists(params![tenant, session])
+        .map_err(db("reading session"))?;
+    if !exists {
+        return Ok(None);
+    }
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT run_id, body FROM messages WHERE tenant = ?1 AND session = ?2 ORDER BY id",
+        )
+        .map_err(db("preparing session messages query"))?;
+    let rows = stmt
+        .query_map(params![tenant, session], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })
+        .map_err(db("reading session messages"))?;
+    let mut messages = Vec::new();
+    for row in rows {
+        let (run_id, body) = row.map_err(db("reading message"))?;
+        messages.push((run_id, from_json(&body, "message")?));
+    }
+    Ok(Some(messages))
+}
+
+pub(super) fn unfinished_runs(conn: &Connection) -> Result<Vec<RunRecord>, StoreError> {
+    // The condition matches the `runs_unfinished` partial index exactly.
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs \
+             WHERE status NOT IN ('completed', 'failed', 'cancelled') ORDER BY ord"
+        ))
+        .map_err(db("preparing unfinished runs query"))?;
+    let raws = stmt
+        .query_map([], RawRun::from_row)
+        .map_err(db("listing unfinished runs"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(db("reading unfinished runs"))?;
+    raws.into_iter().map(RawRun::decode).collect()
+}
+
+pub(super) fn ping(conn: &Connection) -> Result<(), StoreError> {
+    conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))
+        .map(|_| ())
+        .map_err(db("pinging database"))
+}

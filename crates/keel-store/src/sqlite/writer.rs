@@ -1,0 +1,239 @@
+//! The single writer: one thread owns the write connection and applies
+//! queued requests in one transaction per batch (group commit).
+//!
+//! SQLite admits one writer at a time anyway; funnelling writes through one
+//! thread avoids lock contention and `SQLITE_BUSY`, and batching amortizes the
+//! cost of a commit over every request that arrived while the last one ran.
+
+use std::thread::JoinHandle;
+
+use rusqlite::{Connection, Savepoint, Transaction, TransactionBehavior};
+use tokio::sync::{mpsc, oneshot};
+
+use keel_protocol::{Commit, Event, NewRun, RunRecord, StoreError};
+
+use super::writes;
+
+/// At most this many requests share one transaction, which bounds how long
+/// the first of them waits for its reply.
+const MAX_BATCH: usize = 256;
+
+/// Requests waiting for the writer; senders wait when it is this far behind.
+const QUEUE_DEPTH: usize = 4096;
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+pub(super) enum WriteOp {
+    CreateRun {
+        run: NewRun,
+        reply: Reply<(RunRecord, bool)>,
+    },
+    Commit {
+        run_id: String,
+        commit: Commit,
+        reply: Reply<Vec<Event>>,
+    },
+}
+
+/// A request that has been applied (or refused) inside the open transaction;
+/// its result is only sent once that transaction has committed.
+enum Applied {
+    // Boxed: a run record is large and batches hold many of these.
+    CreateRun(
+        Reply<(RunRecord, bool)>,
+        Box<Result<(RunRecord, bool), StoreError>>,
+    ),
+    Commit(Reply<Vec<Event>>, Result<Vec<Event>, StoreError>),
+}
+
+impl Applied {
+    fn deliver(self) {
+        // A caller that stopped waiting has nothing left to tell.
+        match self {
+            Self::CreateRun(reply, result) => drop(reply.send(*result)),
+            Self::Commit(reply, result) => drop(reply.send(result)),
+        }
+    }
+
+    /// Replaces the result: the transaction carrying it did not commit.
+    fn fail(self, message: &str) {
+        match self {
+            Self::CreateRun(reply, _) => drop(reply.send(backend(message))),
+            Self::Commit(reply, _) => drop(reply.send(backend(message))),
+        }
+    }
+}
+
+impl WriteOp {
+    fn reject(self, message: &str) {
+        match self {
+            Self::CreateRun { reply, .. } => drop(reply.send(backend(message))),
+            Self::Commit { reply, .. } => drop(reply.send(backend(message))),
+        }
+    }
+}
+
+/// The sending side of the writer; dropping it stops the thread once the
+/// requests already queued are written.
+pub(super) struct Writer {
+    queue: Option<mpsc::Sender<WriteOp>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    pub(super) fn spawn(conn: Connection) -> Result<Self, StoreError> {
+        let (queue, rx) = mpsc::channel(QUEUE_DEPTH);
+        let thread = std::thread::Builder::new()
+            .name("keel-store-writer".into())
+            .spawn(move || run(conn, rx))
+            .map_err(|e| StoreError::Backend(format!("starting store writer thread: {e}")))?;
+        Ok(Self {
+            queue: Some(queue),
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues a request and waits until the transaction holding it commits.
+    pub(super) async fn submit<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> WriteOp,
+    ) -> Result<T, StoreError> {
+        let queue = self.queue.as_ref().ok_or_else(stopped)?;
+        let (reply, result) = oneshot::channel();
+        queue.send(make(reply)).await.map_err(|_| stopped())?;
+        result
+            .await
+            .map_err(|_| StoreError::Backend("store writer dropped the request".into()))?
+    }
+
+    pub(super) fn is_running(&self) -> bool {
+        self.queue.as_ref().is_some_and(|q| !q.is_closed())
+    }
+}
+
+impl Drop for Writer {
+    /// Waits for queued writes so that a store reopened right after this one
+    /// sees them and finds the file released.
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("store writer thread panicked");
+        }
+    }
+}
+
+fn backend<T>(message: &str) -> Result<T, StoreError> {
+    Err(StoreError::Backend(message.to_owned()))
+}
+
+fn stopped() -> StoreError {
+    StoreError::Backend("store writer has stopped".into())
+}
+
+fn run(mut conn: Connection, mut rx: mpsc::Receiver<WriteOp>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while rx.blocking_recv_many(&mut batch, MAX_BATCH) > 0 {
+        apply_batch(&mut conn, batch.drain(..));
+    }
+    tracing::debug!("store writer stopped");
+}
+
+fn apply_batch(conn: &mut Connection, ops: impl ExactSizeIterator<Item = WriteOp>) {
+    let size = ops.len();
+    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => {
+            let message = format!("starting write transaction: {e}");
+            tracing::error!(error = %e, "store writer could not start a transaction");
+            ops.for_each(|op| op.reject(&message));
+            return;
+        }
+    };
+    let mut applied = Vec::with_capacity(size);
+    let mut broken: Option<String> = None;
+    for op in ops {
+        if let Some(message) = &broken {
+            op.reject(message);
+            continue;
+        }
+        let (done, failure) = apply_one(&mut tx, op);
+        applied.push(done);
+        broken = failure;
+    }
+    let outcome = match broken {
+        Some(message) => Err(message),
+        None => tx
+            .commit()
+            .map_err(|e| format!("committing write transaction: {e}")),
+    };
+    match outcome {
+        Ok(()) => {
+            tracing::trace!(size, "store batch committed");
+            applied.into_iter().for_each(Applied::deliver);
+        }
+        Err(message) => {
+            tracing::error!(error = %message, size, "store batch rolled back");
+            applied.into_iter().for_each(|a| a.fail(&message));
+        }
+    }
+}
+
+/// Applies one request inside its own savepoint, so that a refused request
+/// leaves no trace while the others of the batch still commit. The second
+/// value is set when the savepoint itself failed: the transaction can no
+/// longer be trusted and the whole batch must roll back.
+fn apply_one(tx: &mut Transaction<'_>, op: WriteOp) -> (Applied, Option<String>) {
+    let sp = match tx.savepoint() {
+        Ok(sp) => sp,
+        Err(e) => {
+            let message = format!("opening savepoint: {e}");
+            let applied = match op {
+                WriteOp::CreateRun { reply, .. } => {
+                    Applied::CreateRun(reply, Box::new(backend(&message)))
+                }
+                WriteOp::Commit { reply, .. } => Applied::Commit(reply, backend(&message)),
+            };
+            return (applied, Some(message));
+        }
+    };
+    match op {
+        WriteOp::CreateRun { run, reply } => {
+            let result = writes::create_run(&sp, run);
+            let (result, failure) = settle(sp, result);
+            (Applied::CreateRun(reply, Box::new(result)), failure)
+        }
+        WriteOp::Commit {
+            run_id,
+            commit,
+            reply,
+        } => {
+            let result = writes::commit(&sp, &run_id, commit);
+            let (result, failure) = settle(sp, result);
+            (Applied::Commit(reply, result), failure)
+        }
+    }
+}
+
+/// Releases the savepoint of a request that succeeded, rolls back one that failed.
+fn settle<T>(
+    sp: Savepoint<'_>,
+    result: Result<T, StoreError>,
+) -> (Result<T, StoreError>, Option<String>) {
+    match result {
+        Ok(value) => match sp.commit() {
+            Ok(()) => (Ok(value), None),
+            Err(e) => {
+                let message = format!("releasing savepoint: {e}");
+                (Err(StoreError::Backend(message.clone())), Some(message))
+            }
+        },
+        // The default drop behaviour of a savepoint is to roll back; finish()
+        // does the same but reports whether it worked.
+        Err(err) => match sp.finish() {
+            Ok(()) => (Err(err), None),
+            Err(e) => (Err(err), Some(format!("rolling back savepoint: {e}"))),
+        },
+    }
+}

@@ -1,0 +1,186 @@
+//! The write operations, run by the writer thread inside a transaction.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+
+use keel_protocol::{Commit, Event, NewRun, RunRecord, RunStatus, StoreError, Usage};
+
+use super::codec::{RUN_COLUMNS, RawRun, db, to_i64, to_json, to_u64, ts_to_sql};
+
+pub(super) fn create_run(conn: &Connection, run: NewRun) -> Result<(RunRecord, bool), StoreError> {
+    let tenant = run.principal.tenant.clone();
+    if let Some(key) = &run.idempotency_key {
+        let existing = conn
+            .prepare_cached(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE tenant = ?1 AND idempotency_key = ?2"
+            ))
+            .map_err(db("preparing idempotency lookup"))?
+            .query_row(params![tenant, key], RawRun::from_row)
+            .optional()
+            .map_err(db("looking up idempotency key"))?;
+        if let Some(raw) = existing {
+            return Ok((raw.decode()?, false));
+        }
+    }
+
+    let now = keel_protocol::now();
+    let now_text = ts_to_sql(&now);
+    conn.prepare_cached(
+        "INSERT INTO sessions (tenant, key, created_at) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (tenant, key) DO NOTHING",
+    )
+    .map_err(db("preparing session insert"))?
+    .execute(params![tenant, run.session, now_text])
+    .map_err(db("inserting session"))?;
+
+    let record = RunRecord {
+        id: run.id,
+        tenant,
+        session: run.session,
+        agent: run.agent,
+        status: RunStatus::Queued,
+        input: run.input,
+        output: None,
+        pending: None,
+        steps: 0,
+        usage: Usage::default(),
+        error: None,
+        metadata: run.metadata,
+        created_at: now,
+        updated_at: now,
+        state: Value::Null,
+        principal: Some(run.principal),
+        last_seq: 0,
+    };
+    conn.prepare_cached(
+        "INSERT INTO runs (id, ord, tenant, session, agent, status, input, steps, usage, \
+         metadata, state, principal, idempotency_key, last_seq, created_at, updated_at) \
+         VALUES (?1, (SELECT COALESCE(MAX(ord), 0) + 1 FROM runs), ?2, ?3, ?4, ?5, ?6, 0, ?7, \
+         ?8, ?9, ?10, ?11, 0, ?12, ?12)",
+    )
+    .map_err(db("preparing run insert"))?
+    .execute(params![
+        record.id,
+        record.tenant,
+        record.session,
+        record.agent,
+        record.status.as_str(),
+        record.input,
+        to_json(&record.usage, "usage")?,
+        to_json(&record.metadata, "metadata")?,
+        to_json(&record.state, "state")?,
+        to_json(&record.principal, "principal")?,
+        run.idempotency_key,
+        now_text,
+    ])
+    .map_err(|e| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::ConstraintViolation) => {
+            StoreError::Conflict(format!("run {} already exists", record.id))
+        }
+        _ => StoreError::Backend(format!("inserting run: {e}")),
+    })?;
+    Ok((record, true))
+}
+
+pub(super) fn commit(
+    conn: &Connection,
+    run_id: &str,
+    commit: Commit,
+) -> Result<Vec<Event>, StoreError> {
+    let (tenant, session, last_seq): (String, String, i64) = conn
+        .prepare_cached("SELECT tenant, session, last_seq FROM runs WHERE id = ?1")
+        .map_err(db("preparing run lookup"))?
+        .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()
+        .map_err(db("looking up run"))?
+        .ok_or(StoreError::NotFound)?;
+
+    let ts = keel_protocol::now();
+    let ts_text = ts_to_sql(&ts);
+    let mut seq = to_u64(last_seq, "last_seq")?;
+
+    let mut events = Vec::with_capacity(commit.events.len());
+    if !commit.events.is_empty() {
+        let mut insert = conn
+            .prepare_cached(
+                "INSERT INTO events (run_id, seq, type, body, ts) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .map_err(db("preparing event insert"))?;
+        for kind in commit.events {
+            seq = seq
+                .checked_add(1)
+                .ok_or_else(|| StoreError::Backend("event sequence overflow".into()))?;
+            let event = Event {
+                run_id: run_id.to_owned(),
+                seq,
+                ts,
+                kind,
+            };
+            insert
+                .execute(params![
+                    run_id,
+                    to_i64(seq, "seq")?,
+                    event.type_name(),
+                    to_json(&event, "event")?,
+                    ts_text,
+                ])
+                .map_err(db("inserting event"))?;
+            events.push(event);
+        }
+    }
+
+    if !commit.messages.is_empty() {
+        let mut insert = conn
+            .prepare_cached(
+                "INSERT INTO messages (tenant, session, run_id, body) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .map_err(db("preparing message insert"))?;
+        for message in &commit.messages {
+            insert
+                .execute(params![
+                    tenant,
+                    session,
+                    run_id,
+                    to_json(message, "message")?
+                ])
+                .map_err(db("inserting message"))?;
+        }
+    }
+
+    let patch = commit.patch.unwrap_or_default();
+    // `pending` has three states (keep, clear, set), hence the flag next to the value.
+    let (set_pending, pending) = match &patch.pending {
+        None => (false, None),
+        Some(Value::Null) => (true, None),
+        Some(v) => (true, Some(to_json(v, "pending")?)),
+    };
+    conn.prepare_cached(
+        "UPDATE runs SET \
+           status = COALESCE(?2, status), \
+           output = COALESCE(?3, output), \
+           pending = CASE WHEN ?4 THEN ?5 ELSE pending END, \
+           steps = COALESCE(?6, steps), \
+           usage = COALESCE(?7, usage), \
+           error = COALESCE(?8, error), \
+           state = COALESCE(?9, state), \
+           last_seq = ?10, \
+           updated_at = ?11 \
+         WHERE id = ?1",
+    )
+    .map_err(db("preparing run update"))?
+    .execute(params![
+        run_id,
+        patch.status.map(RunStatus::as_str),
+        patch.output,
+        set_pending,
+        pending,
+        patch.steps,
+        patch.usage.map(|u| to_json(&u, "usage")).transpose()?,
+        patch.error.map(|e| to_json(&e, "error")).transpose()?,
+        patch.state.map(|s| to_json(&s, "state")).transpose()?,
+        to_i64(seq, "last_seq")?,
+        ts_text,
+    ])
+    .map_err(db("updating run"))?;
+    Ok(events)
+}

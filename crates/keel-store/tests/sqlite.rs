@@ -1,0 +1,188 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use keel_protocol::{Commit, EventKind, Message, RunPatch, RunStatus, Store, StoreError};
+use keel_store::SqliteStore;
+use keel_test_support::store_suite;
+
+fn temp_store() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("keel.db")).unwrap();
+    (dir, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite() {
+    let (_dir, store) = temp_store();
+    store_suite::run_all(Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_commits_are_gap_free() {
+    let (_dir, store) = temp_store();
+    let store: Arc<dyn Store> = Arc::new(store);
+    store_suite::concurrent_commits_are_gap_free(&store, 50).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    // A nested path: open creates the directories.
+    let path = dir.path().join("data").join("nested").join("keel.db");
+    let tenant = keel_protocol::new_id("ten");
+
+    let store = SqliteStore::open(&path).unwrap();
+    let (run, _) = store
+        .create_run(store_suite::new_run(&tenant, "s"))
+        .await
+        .unwrap();
+    let events = store
+        .commit(
+            &run.id,
+            Commit {
+                events: vec![
+                    EventKind::MessageDelta { text: "hi".into() },
+                    EventKind::Final {
+                        answer: "hello".into(),
+                    },
+                ],
+                messages: vec![Message::user("hi"), Message::user("again")],
+                patch: Some(RunPatch {
+                    status: Some(RunStatus::WaitingInput),
+                    pending: Some(serde_json::json!({"question": "which city?"})),
+                    steps: Some(2),
+                    ..RunPatch::default()
+                }),
+            },
+        )
+        .await
+        .unwrap();
+    let before = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    drop(store);
+
+    let store = SqliteStore::open(&path).unwrap();
+    let after = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(after, before);
+    assert_eq!(after.principal, before.principal);
+    assert_eq!(after.state, before.state);
+    assert_eq!(after.last_seq, 2);
+    assert_eq!(store.events_after(&run.id, 0, 100).await.unwrap(), events);
+    assert_eq!(
+        store.history(&run.id).await.unwrap(),
+        vec![Message::user("hi"), Message::user("again")]
+    );
+    let unfinished = store.unfinished_runs().await.unwrap();
+    assert_eq!(unfinished.len(), 1);
+    assert_eq!(unfinished[0].id, run.id);
+    assert!(unfinished[0].principal.is_some());
+
+    // Numbering continues after the reopen.
+    let next = store
+        .commit(
+            &run.id,
+            Commit {
+                events: vec![EventKind::RunCancelled { by: "user".into() }],
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(next[0].seq, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opens_in_wal_mode_at_the_latest_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let store = SqliteStore::open(&path).unwrap();
+    store.ping().await.unwrap();
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SqliteStore::schema_version());
+    drop(conn);
+    drop(store);
+
+    // Reopening does not reapply migrations.
+    let store = SqliteStore::open(&path).unwrap();
+    store.ping().await.unwrap();
+}
+
+#[test]
+fn refuses_a_schema_newer_than_this_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", SqliteStore::schema_version() + 1)
+        .unwrap();
+    drop(conn);
+    match SqliteStore::open(&path) {
+        Err(StoreError::Backend(message)) => assert!(message.contains("newer"), "{message}"),
+        Err(e) => panic!("unexpected error {e:?}"),
+        Ok(_) => panic!("a newer schema must not be opened"),
+    }
+}
+
+#[test]
+fn refuses_a_path_that_is_not_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("garbage.db");
+    std::fs::write(&path, vec![0x42u8; 8192]).unwrap();
+    assert!(matches!(
+        SqliteStore::open(&path),
+        Err(StoreError::Backend(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_request_does_not_spoil_its_batch() {
+    let (_dir, store) = temp_store();
+    let store = Arc::new(store);
+    let tenant = keel_protocol::new_id("ten");
+    let (run, _) = store
+        .create_run(store_suite::new_run(&tenant, "s"))
+        .await
+        .unwrap();
+    // Good and bad commits raced so that they share transactions.
+    let mut handles = Vec::new();
+    for i in 0..40u32 {
+        let store = Arc::clone(&store);
+        let target = if i % 2 == 0 {
+            run.id.clone()
+        } else {
+            keel_protocol::new_id("run")
+        };
+        handles.push(tokio::spawn(async move {
+            let commit = Commit {
+                events: vec![EventKind::MessageDelta {
+                    text: i.to_string(),
+                }],
+                messages: vec![Message::user(i.to_string())],
+                patch: None,
+            };
+            (i, store.commit(&target, commit).await)
+        }));
+    }
+    for handle in handles {
+        let (i, result) = handle.await.unwrap();
+        if i % 2 == 0 {
+            assert_eq!(result.unwrap().len(), 1);
+        } else {
+            assert!(matches!(result, Err(StoreError::NotFound)));
+        }
+    }
+    let events = store.events_after(&run.id, 0, 1000).await.unwrap();
+    assert_eq!(
+        events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=20).collect::<Vec<_>>()
+    );
+    assert_eq!(store.history(&run.id).await.unwrap().len(), 20);
+}

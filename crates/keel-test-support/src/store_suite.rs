@@ -1,0 +1,871 @@
+//! Conformance checks for any [`Store`] backend.
+//!
+//! Every check creates its own tenants, sessions and runs with fresh ids and
+//! never assumes an empty database, so the suite can run against a shared
+//! PostgreSQL instance as well as a fresh SQLite file.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use keel_protocol::{
+    Commit, ErrorBody, Event, EventKind, Message, NewRun, Principal, RunFilter, RunPatch,
+    RunRecord, RunStatus, Store, StoreError, ToolCall, Usage, new_id,
+};
+
+/// Runs every check of this module, one after the other.
+pub async fn run_all(store: Arc<dyn Store>) {
+    ping(&store).await;
+    create_and_get(&store).await;
+    duplicate_run_id_is_refused(&store).await;
+    idempotency(&store).await;
+    tenant_isolation(&store).await;
+    commit_numbers_events(&store).await;
+    commit_to_unknown_run_is_not_found(&store).await;
+    concurrent_commits_are_gap_free(&store, 20).await;
+    patch_semantics(&store).await;
+    history_order(&store).await;
+    session_messages(&store).await;
+    list_filters_and_pagination(&store).await;
+    list_page_sizes(&store).await;
+    unfinished_runs(&store).await;
+}
+
+pub fn principal(tenant: &str) -> Principal {
+    Principal {
+        tenant: tenant.to_owned(),
+        id: format!("user-of-{tenant}"),
+        roles: vec!["operator".into()],
+    }
+}
+
+pub fn new_run(tenant: &str, session: &str) -> NewRun {
+    NewRun {
+        id: new_id("run"),
+        principal: principal(tenant),
+        session: session.to_owned(),
+        agent: "assistant".into(),
+        input: "what is the weather?".into(),
+        idempotency_key: None,
+        metadata: json!({"source": "suite", "n": 1}),
+    }
+}
+
+/// Creates a run that must be new.
+pub async fn create(store: &Arc<dyn Store>, tenant: &str, session: &str) -> RunRecord {
+    let (run, created) = store.create_run(new_run(tenant, session)).await.unwrap();
+    assert!(created, "a run with a fresh id and no key must be created");
+    run
+}
+
+fn delta(text: &str) -> EventKind {
+    EventKind::MessageDelta { text: text.into() }
+}
+
+fn messages_only(messages: Vec<Message>) -> Commit {
+    Commit {
+        messages,
+        ..Commit::default()
+    }
+}
+
+fn patch_only(patch: RunPatch) -> Commit {
+    Commit {
+        patch: Some(patch),
+        ..Commit::default()
+    }
+}
+
+async fn set_status(store: &Arc<dyn Store>, run_id: &str, status: RunStatus) {
+    let patch = RunPatch {
+        status: Some(status),
+        ..RunPatch::default()
+    };
+    store.commit(run_id, patch_only(patch)).await.unwrap();
+}
+
+fn ids(runs: &[RunRecord]) -> Vec<String> {
+    runs.iter().map(|r| r.id.clone()).collect()
+}
+
+fn ids_of(runs: &[&RunRecord]) -> Vec<String> {
+    runs.iter().map(|r| r.id.clone()).collect()
+}
+
+fn filter(session: Option<&str>, status: Option<RunStatus>, limit: u32) -> RunFilter {
+    RunFilter {
+        session: session.map(str::to_owned),
+        status,
+        limit,
+        cursor: None,
+    }
+}
+
+/// Follows cursors to the end, checking that every page but the last is full.
+async fn all_pages(store: &Arc<dyn Store>, tenant: &str, mut f: RunFilter) -> Vec<Vec<String>> {
+    let mut pages = Vec::new();
+    loop {
+        let page = store.list_runs(tenant, &f).await.unwrap();
+        pages.push(ids(&page.runs));
+        match page.next_cursor {
+            Some(cursor) => {
+                assert_eq!(
+                    page.runs.len(),
+                    f.limit as usize,
+                    "a page before the last is full"
+                );
+                f.cursor = Some(cursor);
+            }
+            None => break,
+        }
+        assert!(pages.len() < 1000, "pagination does not terminate");
+    }
+    pages
+}
+
+pub async fn ping(store: &Arc<dyn Store>) {
+    store.ping().await.unwrap();
+}
+
+pub async fn create_and_get(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let session = new_id("ses");
+    let request = new_run(&tenant, &session);
+    let before = keel_protocol::now();
+    let (run, created) = store.create_run(request.clone()).await.unwrap();
+    let after = keel_protocol::now();
+    assert!(created);
+    assert_eq!(run.id, request.id);
+    assert_eq!(run.tenant, tenant);
+    assert_eq!(run.session, session);
+    assert_eq!(run.agent, request.agent);
+    assert_eq!(run.input, request.input);
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.output, None);
+    assert_eq!(run.pending, None);
+    assert_eq!(run.steps, 0);
+    assert_eq!(run.usage, Usage::default());
+    assert_eq!(run.error, None);
+    assert_eq!(run.metadata, request.metadata);
+    assert_eq!(run.principal, Some(request.principal.clone()));
+    assert_eq!(run.last_seq, 0);
+    assert!(run.created_at >= before && run.created_at <= after);
+    assert_eq!(run.created_at, run.updated_at);
+
+    let stored = store.get_run(&tenant, &run.id).await.unwrap();
+    assert_eq!(
+        stored.as_ref(),
+        Some(&run),
+        "get_run returns the run as created"
+    );
+    let stored = stored.unwrap();
+    assert_eq!(
+        stored.principal,
+        Some(request.principal),
+        "the principal survives storage"
+    );
+    assert_eq!(stored.state, run.state);
+
+    assert!(
+        store
+            .get_run(&tenant, &new_id("run"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .get_run(&new_id("ten"), &run.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A run without metadata keeps none.
+    let mut bare = new_run(&tenant, &session);
+    bare.metadata = Value::Null;
+    let (bare, _) = store.create_run(bare).await.unwrap();
+    let stored = store.get_run(&tenant, &bare.id).await.unwrap().unwrap();
+    assert_eq!(stored.metadata, Value::Null);
+}
+
+pub async fn duplicate_run_id_is_refused(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let first = create(store, &tenant, "s").await;
+    let mut again = new_run(&tenant, "s");
+    again.id = first.id.clone();
+    again.input = "other input".into();
+    let err = store.create_run(again.clone()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict(_)), "got {err:?}");
+    // Ids are global: another tenant cannot take it either.
+    again.principal = principal(&new_id("ten"));
+    assert!(store.create_run(again).await.is_err());
+    let stored = store.get_run(&tenant, &first.id).await.unwrap().unwrap();
+    assert_eq!(stored, first, "a refused create leaves the run unchanged");
+}
+
+pub async fn idempotency(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let key = new_id("key");
+    let mut request = new_run(&tenant, "s");
+    request.idempotency_key = Some(key.clone());
+    let (first, created) = store.create_run(request).await.unwrap();
+    assert!(created);
+
+    // The key wins over a new id and different content.
+    let mut repeat = new_run(&tenant, "other-session");
+    repeat.idempotency_key = Some(key.clone());
+    repeat.input = "different".into();
+    let (again, created) = store.create_run(repeat.clone()).await.unwrap();
+    assert!(!created, "a reused key must not create a run");
+    assert_eq!(again, first);
+    assert!(store.get_run(&tenant, &repeat.id).await.unwrap().is_none());
+
+    // The existing run is returned as it stands now.
+    set_status(store, &first.id, RunStatus::Running).await;
+    repeat.id = new_id("run");
+    let (again, created) = store.create_run(repeat).await.unwrap();
+    assert!(!created);
+    assert_eq!(again.id, first.id);
+    assert_eq!(again.status, RunStatus::Running);
+
+    // Keys are per tenant.
+    let other_tenant = new_id("ten");
+    let mut foreign = new_run(&other_tenant, "s");
+    foreign.idempotency_key = Some(key.clone());
+    let (foreign_run, created) = store.create_run(foreign).await.unwrap();
+    assert!(created);
+    assert_ne!(foreign_run.id, first.id);
+    assert_eq!(foreign_run.tenant, other_tenant);
+
+    // Another key, or none at all, creates.
+    let mut other_key = new_run(&tenant, "s");
+    other_key.idempotency_key = Some(new_id("key"));
+    assert!(store.create_run(other_key).await.unwrap().1);
+    assert!(store.create_run(new_run(&tenant, "s")).await.unwrap().1);
+    assert!(store.create_run(new_run(&tenant, "s")).await.unwrap().1);
+}
+
+pub async fn tenant_isolation(store: &Arc<dyn Store>) {
+    let (a, b) = (new_id("ten"), new_id("ten"));
+    let session = new_id("ses");
+    let run_a = create(store, &a, &session).await;
+    let run_b = create(store, &b, &session).await;
+    store
+        .commit(&run_a.id, messages_only(vec![Message::user("from a")]))
+        .await
+        .unwrap();
+    store
+        .commit(&run_b.id, messages_only(vec![Message::user("from b")]))
+        .await
+        .unwrap();
+
+    assert!(store.get_run(&b, &run_a.id).await.unwrap().is_none());
+    assert!(store.get_run(&a, &run_b.id).await.unwrap().is_none());
+
+    let page = store.list_runs(&a, &filter(None, None, 0)).await.unwrap();
+    assert_eq!(ids(&page.runs), vec![run_a.id.clone()]);
+    let page = store
+        .list_runs(&b, &filter(Some(&session), None, 0))
+        .await
+        .unwrap();
+    assert_eq!(ids(&page.runs), vec![run_b.id.clone()]);
+
+    let seen_a = store.session_messages(&a, &session).await.unwrap().unwrap();
+    assert_eq!(seen_a, vec![(run_a.id.clone(), Message::user("from a"))]);
+    let seen_b = store.session_messages(&b, &session).await.unwrap().unwrap();
+    assert_eq!(seen_b, vec![(run_b.id.clone(), Message::user("from b"))]);
+    assert!(
+        store
+            .session_messages(&new_id("ten"), &session)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Same session key, different tenants: separate histories.
+    assert_eq!(
+        store.history(&run_a.id).await.unwrap(),
+        vec![Message::user("from a")]
+    );
+    assert_eq!(
+        store.history(&run_b.id).await.unwrap(),
+        vec![Message::user("from b")]
+    );
+}
+
+pub async fn commit_numbers_events(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let run = create(store, &tenant, "s").await;
+    let other = create(store, &tenant, "s").await;
+
+    let kinds = vec![
+        EventKind::RunStarted {
+            input: run.input.clone(),
+            session: "s".into(),
+            agent: run.agent.clone(),
+        },
+        EventKind::ToolCall {
+            step: 1,
+            call_id: "c1".into(),
+            tool: "weather".into(),
+            arguments: json!({"city": "Paris"}),
+        },
+        EventKind::Final {
+            answer: "sunny".into(),
+        },
+    ];
+    let before = keel_protocol::now();
+    let first = store
+        .commit(
+            &run.id,
+            Commit {
+                events: kinds.clone(),
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    let after = keel_protocol::now();
+    assert_eq!(
+        first.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    for (event, kind) in first.iter().zip(&kinds) {
+        assert_eq!(event.run_id, run.id);
+        assert_eq!(&event.kind, kind);
+        assert!(
+            event.ts >= before && event.ts <= after,
+            "ts is stamped at commit"
+        );
+    }
+
+    let second = store
+        .commit(
+            &run.id,
+            Commit {
+                events: vec![delta("a"), delta("b")],
+                messages: vec![Message::user("m")],
+                patch: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(second.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
+
+    let none = store
+        .commit(&run.id, messages_only(vec![Message::user("n")]))
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "a commit without events numbers nothing");
+
+    // Another run has its own sequence.
+    let theirs = store
+        .commit(
+            &other.id,
+            Commit {
+                events: vec![delta("x")],
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(theirs[0].seq, 1);
+
+    let stored = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(stored.last_seq, 5);
+
+    let all: Vec<Event> = first.iter().chain(&second).cloned().collect();
+    assert_eq!(store.events_after(&run.id, 0, 100).await.unwrap(), all);
+    let middle = store.events_after(&run.id, 2, 2).await.unwrap();
+    assert_eq!(middle, all[2..4].to_vec());
+    assert_eq!(
+        store.events_after(&run.id, 4, 100).await.unwrap(),
+        all[4..].to_vec()
+    );
+    assert!(
+        store
+            .events_after(&run.id, 5, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .events_after(&run.id, u64::MAX, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    match store.events_after(&new_id("run"), 0, 100).await {
+        Ok(events) => assert!(events.is_empty()),
+        Err(StoreError::NotFound) => {}
+        Err(e) => panic!("events of an unknown run: {e:?}"),
+    }
+}
+
+pub async fn commit_to_unknown_run_is_not_found(store: &Arc<dyn Store>) {
+    let commit = Commit {
+        events: vec![delta("x")],
+        messages: vec![Message::user("x")],
+        patch: Some(RunPatch {
+            steps: Some(1),
+            ..RunPatch::default()
+        }),
+    };
+    let err = store.commit(&new_id("run"), commit).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound), "got {err:?}");
+}
+
+/// `tasks` commits of three events each race on one run; the log must come
+/// out numbered 1..=3*tasks with each commit's events adjacent.
+pub async fn concurrent_commits_are_gap_free(store: &Arc<dyn Store>, tasks: u32) {
+    let tenant = new_id("ten");
+    let run = create(store, &tenant, &new_id("ses")).await;
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let store = Arc::clone(store);
+        let run_id = run.id.clone();
+        handles.push(tokio::spawn(async move {
+            let commit = Commit {
+                events: (0..3).map(|i| delta(&format!("{t}/{i}"))).collect(),
+                messages: vec![Message::user(format!("message {t}"))],
+                patch: Some(RunPatch {
+                    steps: Some(t),
+                    ..RunPatch::default()
+                }),
+            };
+            (t, store.commit(&run_id, commit).await.unwrap())
+        }));
+    }
+    let mut seqs = BTreeSet::new();
+    let mut returned = Vec::new();
+    for handle in handles {
+        let (t, events) = handle.await.unwrap();
+        assert_eq!(events.len(), 3);
+        for (i, event) in events.iter().enumerate() {
+            assert_eq!(
+                event.seq,
+                events[0].seq + i as u64,
+                "one commit's events are adjacent"
+            );
+            assert_eq!(event.kind, delta(&format!("{t}/{i}")));
+            assert!(seqs.insert(event.seq), "seq {} handed out twice", event.seq);
+        }
+        returned.extend(events);
+    }
+    let total = u64::from(tasks) * 3;
+    assert_eq!(
+        seqs,
+        (1..=total).collect::<BTreeSet<_>>(),
+        "seqs are gap-free"
+    );
+
+    returned.sort_by_key(|e| e.seq);
+    let stored = store.events_after(&run.id, 0, u32::MAX).await.unwrap();
+    assert_eq!(
+        stored, returned,
+        "the log holds exactly what the commits returned"
+    );
+    let record = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(record.last_seq, total);
+    let messages = store
+        .session_messages(&tenant, &run.session)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(messages.len(), tasks as usize);
+}
+
+pub async fn patch_semantics(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let run = create(store, &tenant, "s").await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+
+    let usage = Usage {
+        llm_calls: 1,
+        tool_calls: 2,
+        prompt_tokens: 100,
+        completion_tokens: 20,
+    };
+    let pending = json!({"kind": "approval", "approval_id": "ap_1", "tool": "wire"});
+    let state = json!({"counters": {"repeat": 2}, "pending_call": null});
+    store
+        .commit(
+            &run.id,
+            patch_only(RunPatch {
+                status: Some(RunStatus::WaitingApproval),
+                pending: Some(pending.clone()),
+                steps: Some(3),
+                usage: Some(usage),
+                state: Some(state.clone()),
+                ..RunPatch::default()
+            }),
+        )
+        .await
+        .unwrap();
+    let after_first = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(after_first.status, RunStatus::WaitingApproval);
+    assert_eq!(after_first.pending, Some(pending.clone()));
+    assert_eq!(after_first.steps, 3);
+    assert_eq!(after_first.usage, usage);
+    assert_eq!(after_first.state, state);
+    assert_eq!(after_first.output, None);
+    assert_eq!(after_first.error, None);
+    assert_eq!(after_first.created_at, run.created_at);
+    assert!(after_first.updated_at > run.updated_at, "updated_at moves");
+    assert_eq!(after_first.metadata, run.metadata);
+    assert_eq!(after_first.principal, run.principal);
+
+    // Fields left `None` stay as they are.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    store
+        .commit(
+            &run.id,
+            patch_only(RunPatch {
+                steps: Some(4),
+                ..RunPatch::default()
+            }),
+        )
+        .await
+        .unwrap();
+    let after_second = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(after_second.steps, 4);
+    assert_eq!(after_second.status, RunStatus::WaitingApproval);
+    assert_eq!(after_second.pending, Some(pending));
+    assert_eq!(after_second.usage, usage);
+    assert_eq!(after_second.state, state);
+    assert!(after_second.updated_at > after_first.updated_at);
+
+    // `Some(Null)` clears pending and nothing else.
+    store
+        .commit(
+            &run.id,
+            patch_only(RunPatch {
+                status: Some(RunStatus::Running),
+                pending: Some(Value::Null),
+                ..RunPatch::default()
+            }),
+        )
+        .await
+        .unwrap();
+    let cleared = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(cleared.pending, None);
+    assert_eq!(cleared.status, RunStatus::Running);
+    assert_eq!(cleared.steps, 4);
+    assert_eq!(cleared.state, state);
+
+    let error = ErrorBody::new("budget_exceeded", "too many steps");
+    store
+        .commit(
+            &run.id,
+            Commit {
+                events: vec![EventKind::RunFailed {
+                    error: error.clone(),
+                }],
+                messages: vec![],
+                patch: Some(RunPatch {
+                    status: Some(RunStatus::Failed),
+                    output: Some("partial answer".into()),
+                    error: Some(error.clone()),
+                    ..RunPatch::default()
+                }),
+            },
+        )
+        .await
+        .unwrap();
+    let failed = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(failed.status, RunStatus::Failed);
+    assert_eq!(failed.output.as_deref(), Some("partial answer"));
+    assert_eq!(failed.error, Some(error));
+    assert_eq!(failed.last_seq, 1);
+    assert_eq!(failed.steps, 4);
+    assert_eq!(failed.usage, usage);
+    assert_eq!(failed.input, run.input);
+    assert_eq!(failed.session, run.session);
+}
+
+pub async fn history_order(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let session = new_id("ses");
+    let say = |store: &Arc<dyn Store>, run: &RunRecord, messages: Vec<Message>| {
+        let store = Arc::clone(store);
+        let id = run.id.clone();
+        async move { store.commit(&id, messages_only(messages)).await.unwrap() }
+    };
+    let a1 = Message::user("a1");
+    let a2 = Message::Assistant {
+        content: String::new(),
+        tool_calls: vec![ToolCall {
+            id: "c1".into(),
+            name: "weather".into(),
+            arguments: "{\"city\":".into(),
+        }],
+    };
+    let a3 = Message::Tool {
+        call_id: "c1".into(),
+        name: "weather".into(),
+        content: "invalid arguments".into(),
+        is_error: true,
+    };
+    let b1 = Message::user("b1");
+    let b2 = Message::Assistant {
+        content: "b2".into(),
+        tool_calls: vec![],
+    };
+    let c1 = Message::system("c1");
+
+    let run_a = create(store, &tenant, &session).await;
+    say(store, &run_a, vec![a1.clone(), a2.clone()]).await;
+    let run_b = create(store, &tenant, &session).await;
+    say(store, &run_b, vec![b1.clone()]).await;
+    // A was created before B, so what it writes now still belongs to B's past.
+    say(store, &run_a, vec![a3.clone()]).await;
+    let run_c = create(store, &tenant, &session).await;
+    say(store, &run_c, vec![c1.clone()]).await;
+    say(store, &run_b, vec![b2.clone()]).await;
+
+    // Noise that must never leak in: another session, another tenant.
+    let elsewhere = create(store, &tenant, &new_id("ses")).await;
+    say(store, &elsewhere, vec![Message::user("other session")]).await;
+    let foreign = create(store, &new_id("ten"), &session).await;
+    say(store, &foreign, vec![Message::user("other tenant")]).await;
+
+    assert_eq!(
+        store.history(&run_a.id).await.unwrap(),
+        vec![a1.clone(), a2.clone(), a3.clone()],
+        "runs created later are not part of a run's history"
+    );
+    assert_eq!(
+        store.history(&run_b.id).await.unwrap(),
+        vec![a1.clone(), a2.clone(), a3.clone(), b1.clone(), b2.clone()],
+        "earlier runs' messages come first, then the run's own"
+    );
+    assert_eq!(
+        store.history(&run_c.id).await.unwrap(),
+        vec![a1, a2, b1, a3, b2, c1],
+        "earlier runs' messages keep their insertion order among themselves"
+    );
+    let fresh = create(store, &tenant, &new_id("ses")).await;
+    assert!(store.history(&fresh.id).await.unwrap().is_empty());
+    let err = store.history(&new_id("run")).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound), "got {err:?}");
+}
+
+pub async fn session_messages(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let session = new_id("ses");
+    let first = create(store, &tenant, &session).await;
+    let second = create(store, &tenant, &session).await;
+    let quiet = new_id("ses");
+    create(store, &tenant, &quiet).await;
+
+    store
+        .commit(
+            &first.id,
+            messages_only(vec![Message::user("1"), Message::user("2")]),
+        )
+        .await
+        .unwrap();
+    store
+        .commit(&second.id, messages_only(vec![Message::user("3")]))
+        .await
+        .unwrap();
+    store
+        .commit(&first.id, messages_only(vec![Message::user("4")]))
+        .await
+        .unwrap();
+
+    let messages = store.session_messages(&tenant, &session).await.unwrap();
+    assert_eq!(
+        messages,
+        Some(vec![
+            (first.id.clone(), Message::user("1")),
+            (first.id.clone(), Message::user("2")),
+            (second.id.clone(), Message::user("3")),
+            (first.id.clone(), Message::user("4")),
+        ])
+    );
+    assert_eq!(
+        store.session_messages(&tenant, &quiet).await.unwrap(),
+        Some(vec![]),
+        "a session with runs but no messages exists"
+    );
+    assert!(
+        store
+            .session_messages(&tenant, &new_id("ses"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .session_messages(&new_id("ten"), &session)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+pub async fn list_filters_and_pagination(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let (x, y) = (new_id("ses"), new_id("ses"));
+    let mut runs = Vec::new();
+    for i in 0..8 {
+        runs.push(create(store, &tenant, if i < 5 { &x } else { &y }).await);
+    }
+    for i in [1, 3, 6] {
+        set_status(store, &runs[i].id, RunStatus::Completed).await;
+    }
+    set_status(store, &runs[2].id, RunStatus::Failed).await;
+    let newest_first = |picked: &[usize]| -> Vec<String> {
+        let mut picked = picked.to_vec();
+        picked.sort_unstable_by(|a, b| b.cmp(a));
+        ids_of(&picked.iter().map(|&i| &runs[i]).collect::<Vec<_>>())
+    };
+
+    let page = store
+        .list_runs(&tenant, &filter(None, None, 0))
+        .await
+        .unwrap();
+    assert_eq!(ids(&page.runs), newest_first(&[0, 1, 2, 3, 4, 5, 6, 7]));
+    assert_eq!(page.next_cursor, None, "a single page has no cursor");
+    let statuses: Vec<RunStatus> = page.runs.iter().map(|r| r.status).collect();
+    assert_eq!(statuses[1], RunStatus::Completed);
+    assert!(page.runs.iter().all(|r| r.tenant == tenant));
+
+    assert_eq!(
+        all_pages(store, &tenant, filter(None, None, 3)).await,
+        vec![
+            newest_first(&[5, 6, 7]),
+            newest_first(&[2, 3, 4]),
+            newest_first(&[0, 1]),
+        ]
+    );
+    assert_eq!(
+        all_pages(store, &tenant, filter(None, None, 4)).await,
+        vec![newest_first(&[4, 5, 6, 7]), newest_first(&[0, 1, 2, 3])],
+        "an exactly full last page has no cursor"
+    );
+
+    let page = store
+        .list_runs(&tenant, &filter(Some(&x), None, 0))
+        .await
+        .unwrap();
+    assert_eq!(ids(&page.runs), newest_first(&[0, 1, 2, 3, 4]));
+    let page = store
+        .list_runs(&tenant, &filter(None, Some(RunStatus::Completed), 0))
+        .await
+        .unwrap();
+    assert_eq!(ids(&page.runs), newest_first(&[1, 3, 6]));
+    let page = store
+        .list_runs(&tenant, &filter(None, Some(RunStatus::Queued), 0))
+        .await
+        .unwrap();
+    assert_eq!(ids(&page.runs), newest_first(&[0, 4, 5, 7]));
+    assert_eq!(
+        all_pages(
+            store,
+            &tenant,
+            filter(Some(&x), Some(RunStatus::Completed), 1)
+        )
+        .await,
+        vec![newest_first(&[3]), newest_first(&[1])]
+    );
+    let page = store
+        .list_runs(&tenant, &filter(Some(&y), Some(RunStatus::Failed), 0))
+        .await
+        .unwrap();
+    assert!(page.runs.is_empty());
+    assert_eq!(page.next_cursor, None);
+
+    let page = store
+        .list_runs(&new_id("ten"), &filter(None, None, 0))
+        .await
+        .unwrap();
+    assert!(page.runs.is_empty());
+    assert_eq!(page.next_cursor, None);
+
+    let mut bad = filter(None, None, 3);
+    bad.cursor = Some("not a cursor".into());
+    assert!(
+        store.list_runs(&tenant, &bad).await.is_err(),
+        "a malformed cursor is refused"
+    );
+}
+
+pub async fn list_page_sizes(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let mut created = Vec::new();
+    for _ in 0..105 {
+        created.push(create(store, &tenant, "s").await.id);
+    }
+    created.reverse();
+
+    let page = store
+        .list_runs(&tenant, &filter(None, None, 0))
+        .await
+        .unwrap();
+    assert_eq!(ids(&page.runs), created[..20].to_vec(), "limit 0 means 20");
+    assert!(page.next_cursor.is_some());
+
+    let page = store
+        .list_runs(&tenant, &filter(None, None, 1000))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&page.runs),
+        created[..100].to_vec(),
+        "limit is capped at 100"
+    );
+    let mut rest = filter(None, None, 1000);
+    rest.cursor = page.next_cursor;
+    assert!(rest.cursor.is_some());
+    let page = store.list_runs(&tenant, &rest).await.unwrap();
+    assert_eq!(ids(&page.runs), created[100..].to_vec());
+    assert_eq!(page.next_cursor, None);
+}
+
+pub async fn unfinished_runs(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let statuses = [
+        RunStatus::Queued,
+        RunStatus::Running,
+        RunStatus::Completed,
+        RunStatus::WaitingApproval,
+        RunStatus::Cancelled,
+        RunStatus::Failed,
+        RunStatus::WaitingInput,
+    ];
+    let mut runs = Vec::new();
+    for status in statuses {
+        let run = create(store, &tenant, "s").await;
+        if status != RunStatus::Queued {
+            set_status(store, &run.id, status).await;
+        }
+        runs.push((run, status));
+    }
+    let ours: Vec<RunRecord> = store
+        .unfinished_runs()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.tenant == tenant)
+        .collect();
+    let expected: Vec<(String, RunStatus)> = runs
+        .iter()
+        .filter(|(_, s)| !s.is_terminal())
+        .map(|(r, s)| (r.id.clone(), *s))
+        .collect();
+    let got: Vec<(String, RunStatus)> = ours.iter().map(|r| (r.id.clone(), r.status)).collect();
+    assert_eq!(got, expected, "non-terminal runs, oldest first");
+    for run in &ours {
+        assert_eq!(
+            run.principal,
+            Some(principal(&tenant)),
+            "resumable after a restart"
+        );
+    }
+}

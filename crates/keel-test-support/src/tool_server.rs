@@ -1,0 +1,96 @@
+//! A real HTTP backend for keel's HTTP tools in tests: a foundry's furnaces,
+//! a slow endpoint, and a restart action, each call recorded so tests can
+//! assert how often a tool really ran.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<(String, Value)>>>);
+
+impl Calls {
+    fn record(&self, route: &str, args: Value) {
+        self.0.lock().unwrap().push((route.to_owned(), args));
+    }
+}
+
+pub struct ToolServer {
+    addr: SocketAddr,
+    calls: Calls,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl ToolServer {
+    pub async fn start() -> ToolServer {
+        let calls = Calls::default();
+        let app = Router::new()
+            .route("/furnaces/{id}", get(furnace))
+            .route("/slow", get(slow))
+            .route("/restart", post(restart))
+            .route("/tenant_rows", get(tenant_rows))
+            .with_state(calls.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        ToolServer {
+            addr,
+            calls,
+            _task: task,
+        }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every call so far: (route, arguments).
+    pub fn calls(&self) -> Vec<(String, Value)> {
+        self.calls.0.lock().unwrap().clone()
+    }
+
+    /// How many times `route` was called.
+    pub fn count(&self, route: &str) -> usize {
+        self.calls().iter().filter(|(r, _)| r == route).count()
+    }
+}
+
+async fn furnace(State(c): State<Calls>, Path(id): Path<String>) -> Json<Value> {
+    c.record("furnace", json!({"furnace_id": id}));
+    Json(
+        json!({"furnace_id": id, "status": "running", "temperature_c": 1450, "batch": format!("B-{id}-7")}),
+    )
+}
+
+#[derive(serde::Deserialize)]
+struct SlowQuery {
+    ms: u64,
+}
+
+async fn slow(State(c): State<Calls>, Query(q): Query<SlowQuery>) -> Json<Value> {
+    c.record("slow_started", json!({"ms": q.ms}));
+    tokio::time::sleep(Duration::from_millis(q.ms)).await;
+    c.record("slow", json!({"ms": q.ms}));
+    Json(json!({"slept_ms": q.ms}))
+}
+
+async fn restart(State(c): State<Calls>, Json(body): Json<Value>) -> Json<Value> {
+    c.record("restart", body.clone());
+    Json(json!({"restarted": body.get("furnace_id").cloned().unwrap_or(Value::Null)}))
+}
+
+async fn tenant_rows(State(c): State<Calls>) -> Json<Value> {
+    c.record("tenant_rows", json!({}));
+    Json(json!({"rows": [
+        {"tenant_id": "acme", "batch": "A-1", "output_kg": 120},
+        {"tenant_id": "globex", "batch": "G-9", "output_kg": 999}
+    ]}))
+}

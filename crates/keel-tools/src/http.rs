@@ -1,0 +1,390 @@
+//! HTTP tools (SPEC §5): an endpoint described in configuration, called
+//! with the model's arguments. Path parameters go into the URL template,
+//! the rest into the query string or a JSON body depending on the method.
+
+use std::time::Duration;
+
+use keel_config::HttpToolConfig;
+use keel_guard::schema::{CompiledSchema, normalize};
+use keel_protocol::{Risk, Tool, ToolContext, ToolError, ToolOutput, ToolSource, ToolSpec};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, Url};
+use serde_json::{Map, Value};
+
+use crate::ToolsError;
+use crate::env::expand;
+
+/// Largest response body read; more would only be truncated again before
+/// the model sees it, and an unbounded read lets a remote exhaust memory.
+pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+/// How much of an error body the model is shown.
+const ERROR_SNIPPET_CHARS: usize = 2000;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Everything but RFC 3986 unreserved characters, so an argument can never
+/// add a path segment, a query or a fragment.
+const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// One configured HTTP endpoint as a tool.
+#[derive(Debug)]
+pub struct HttpTool {
+    spec: ToolSpec,
+    method: Method,
+    url: UrlTemplate,
+    headers: HeaderMap,
+    client: reqwest::Client,
+}
+
+impl HttpTool {
+    /// Builds the tool; header `${VAR}` references are resolved here, once,
+    /// so a missing secret is a startup error rather than a failing call.
+    pub fn from_config(
+        cfg: &HttpToolConfig,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<HttpTool, ToolsError> {
+        let invalid = |reason: String| ToolsError::InvalidHttpTool {
+            tool: cfg.name.clone(),
+            reason,
+        };
+
+        let method = match cfg.method.to_ascii_uppercase().as_str() {
+            "GET" => Method::GET,
+            "DELETE" => Method::DELETE,
+            "POST" => Method::POST,
+            "PUT" => Method::PUT,
+            "PATCH" => Method::PATCH,
+            other => return Err(invalid(format!("unsupported method {other}"))),
+        };
+
+        let parameters = normalize(&cfg.parameters);
+        CompiledSchema::compile(&parameters).map_err(|e| ToolsError::InvalidSchema {
+            tool: cfg.name.clone(),
+            reason: e.to_string(),
+        })?;
+
+        let url = UrlTemplate::parse(&cfg.url).map_err(&invalid)?;
+        let declared = parameters.get("properties").and_then(Value::as_object);
+        for name in url.params() {
+            if !declared.is_some_and(|p| p.contains_key(name)) {
+                return Err(invalid(format!(
+                    "URL placeholder {{{name}}} is not a declared parameter"
+                )));
+            }
+        }
+
+        let mut headers = HeaderMap::new();
+        for (name, template) in &cfg.headers {
+            let value = expand(template, &env).map_err(|var| ToolsError::HeaderEnv {
+                tool: cfg.name.clone(),
+                header: name.clone(),
+                var,
+            })?;
+            let header = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| invalid(format!("header name {name}: {e}")))?;
+            let mut value = HeaderValue::from_str(&value)
+                .map_err(|_| invalid(format!("header {name} has an invalid value")))?;
+            value.set_sensitive(true);
+            headers.insert(header, value);
+        }
+
+        let client = reqwest::Client::builder()
+            .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| invalid(format!("HTTP client: {e}")))?;
+
+        let spec = ToolSpec {
+            output_schema: cfg.output_schema.clone(),
+            risk: cfg.risk.unwrap_or(Risk::Read),
+            requires_approval: cfg.requires_approval.unwrap_or(false),
+            idempotent: cfg.idempotent.unwrap_or(false),
+            timeout: cfg.timeout_s.map_or(DEFAULT_TIMEOUT, Duration::from_secs),
+            roles: cfg.roles.clone().unwrap_or_default(),
+            poll: cfg.poll.unwrap_or(false),
+            source: ToolSource::Http,
+            ..ToolSpec::new(cfg.name.clone(), cfg.description.clone(), parameters)
+        };
+
+        Ok(HttpTool {
+            spec,
+            method,
+            url,
+            headers,
+            client,
+        })
+    }
+
+    pub(crate) fn spec_mut(&mut self) -> &mut ToolSpec {
+        &mut self.spec
+    }
+
+    async fn execute(&self, arguments: Value) -> Result<ToolOutput, ToolError> {
+        let mut args = match arguments {
+            Value::Object(map) => map,
+            Value::Null => Map::new(),
+            _ => return Err(ToolError::Failed("arguments must be a JSON object".into())),
+        };
+        let url = self.url.render(&mut args)?;
+        let mut request = self
+            .client
+            .request(self.method.clone(), url.clone())
+            .headers(self.headers.clone());
+        if self.method == Method::GET || self.method == Method::DELETE {
+            request = request.query(&query_pairs(&args));
+        } else {
+            request = request.json(&Value::Object(args));
+        }
+
+        let mut response = request
+            .send()
+            .await
+            .map_err(|e| transport_error(&url, &e))?;
+        let status = response.status();
+        let is_json = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.contains("json"));
+
+        let mut body = Vec::new();
+        let mut truncated = false;
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| transport_error(&url, &e))?
+        {
+            let room = MAX_RESPONSE_BYTES - body.len();
+            if chunk.len() > room {
+                body.extend_from_slice(&chunk[..room]);
+                truncated = true;
+                break;
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
+
+        if !status.is_success() {
+            let snippet: String = text.chars().take(ERROR_SNIPPET_CHARS).collect();
+            let more = if snippet.len() < text.len() || truncated {
+                " …"
+            } else {
+                ""
+            };
+            return Ok(ToolOutput {
+                content: format!("HTTP {status}: {snippet}{more}"),
+                structured: None,
+                is_error: true,
+            });
+        }
+
+        let structured = if truncated {
+            None
+        } else {
+            parse_json(&text, is_json)
+        };
+        let content = if truncated {
+            format!("{text}\n[response truncated at {MAX_RESPONSE_BYTES} bytes]")
+        } else {
+            text
+        };
+        Ok(ToolOutput {
+            content,
+            structured,
+            is_error: false,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Tool for HttpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, arguments: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        let timeout = self.spec.timeout;
+        match tokio::time::timeout(timeout, self.execute(arguments)).await {
+            Ok(result) => result,
+            Err(_) => Err(ToolError::Timeout(timeout)),
+        }
+    }
+}
+
+/// Body parsed as JSON when the server says it is JSON, or when it plainly
+/// looks like a JSON document despite a missing content type.
+fn parse_json(text: &str, declared_json: bool) -> Option<Value> {
+    let trimmed = text.trim_start();
+    if declared_json || trimmed.starts_with('{') || trimmed.starts_with('[') {
+        serde_json::from_str(text).ok()
+    } else {
+        None
+    }
+}
+
+fn transport_error(url: &Url, e: &reqwest::Error) -> ToolError {
+    // The query may carry arguments; the origin and path are enough to debug.
+    let mut shown = url.clone();
+    shown.set_query(None);
+    if e.is_timeout() {
+        ToolError::Failed(format!("request to {shown} timed out"))
+    } else if e.is_connect() {
+        ToolError::Unavailable(format!("cannot connect to {shown}: {e}"))
+    } else {
+        ToolError::Failed(format!("request to {shown} failed: {e}"))
+    }
+}
+
+fn scalar_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Arrays become repeated keys (`?id=1&id=2`), nulls are left out, objects
+/// are sent as JSON text.
+fn query_pairs(args: &Map<String, Value>) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    for (name, value) in args {
+        match value {
+            Value::Null => {}
+            Value::Array(items) => {
+                for item in items.iter().filter(|v| !v.is_null()) {
+                    pairs.push((name.clone(), scalar_text(item)));
+                }
+            }
+            other => pairs.push((name.clone(), scalar_text(other))),
+        }
+    }
+    pairs
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Literal(String),
+    Param(String),
+}
+
+/// A URL with `{param}` placeholders, checked once at construction.
+#[derive(Debug, Clone)]
+struct UrlTemplate {
+    pieces: Vec<Piece>,
+}
+
+impl UrlTemplate {
+    fn parse(template: &str) -> Result<Self, String> {
+        let mut pieces = Vec::new();
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            let Some(len) = rest[open + 1..].find('}') else {
+                return Err(format!("unclosed {{ in URL template {template}"));
+            };
+            let name = &rest[open + 1..open + 1 + len];
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(format!("bad placeholder {{{name}}} in URL template"));
+            }
+            if open > 0 {
+                pieces.push(Piece::Literal(rest[..open].to_owned()));
+            }
+            pieces.push(Piece::Param(name.to_owned()));
+            rest = &rest[open + 1 + len + 1..];
+        }
+        if !rest.is_empty() {
+            pieces.push(Piece::Literal(rest.to_owned()));
+        }
+        let sample = Self {
+            pieces: pieces.clone(),
+        }
+        .fill(|_| "x".to_owned());
+        let url = Url::parse(&sample).map_err(|e| format!("invalid URL {template}: {e}"))?;
+        if url.scheme() != "http" && url.scheme() != "https" {
+            return Err(format!("URL {template} is not http or https"));
+        }
+        Ok(Self { pieces })
+    }
+
+    fn params(&self) -> impl Iterator<Item = &str> {
+        self.pieces.iter().filter_map(|p| match p {
+            Piece::Param(name) => Some(name.as_str()),
+            Piece::Literal(_) => None,
+        })
+    }
+
+    fn fill(&self, mut value: impl FnMut(&str) -> String) -> String {
+        let mut out = String::new();
+        for piece in &self.pieces {
+            match piece {
+                Piece::Literal(text) => out.push_str(text),
+                Piece::Param(name) => out.push_str(&value(name)),
+            }
+        }
+        out
+    }
+
+    /// Fills the placeholders, removing the arguments it used from `args`.
+    fn render(&self, args: &mut Map<String, Value>) -> Result<Url, ToolError> {
+        let mut missing = None;
+        let text = self.fill(|name| match args.remove(name) {
+            Some(v) if !v.is_null() => {
+                utf8_percent_encode(&scalar_text(&v), PATH_SEGMENT).to_string()
+            }
+            _ => {
+                missing.get_or_insert_with(|| name.to_owned());
+                String::new()
+            }
+        });
+        if let Some(name) = missing {
+            return Err(ToolError::Failed(format!("missing path parameter {name}")));
+        }
+        Url::parse(&text).map_err(|e| ToolError::Failed(format!("invalid URL {text}: {e}")))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn template_encodes_path_segments() {
+        let t = UrlTemplate::parse("http://127.0.0.1:9/f/{id}/x?k=1").unwrap();
+        let mut args = json!({"id": "a/b c?#", "other": 1})
+            .as_object()
+            .unwrap()
+            .clone();
+        let url = t.render(&mut args).unwrap();
+        assert_eq!(url.as_str(), "http://127.0.0.1:9/f/a%2Fb%20c%3F%23/x?k=1");
+        assert_eq!(args.len(), 1, "used arguments are removed");
+    }
+
+    #[test]
+    fn template_rejects_bad_input() {
+        assert!(UrlTemplate::parse("http://h/{id").is_err());
+        assert!(UrlTemplate::parse("http://h/{}").is_err());
+        assert!(UrlTemplate::parse("ftp://h/{id}").is_err());
+        let t = UrlTemplate::parse("http://h/{id}").unwrap();
+        let err = t.render(&mut Map::new()).unwrap_err();
+        assert!(err.to_string().contains("id"));
+    }
+
+    #[test]
+    fn query_pairs_flatten_arrays_and_skip_nulls() {
+        let args = json!({"a": [1, 2], "b": null, "c": "x", "d": true});
+        let pairs = query_pairs(args.as_object().unwrap());
+        let want: Vec<(String, String)> = [("a", "1"), ("a", "2"), ("c", "x"), ("d", "true")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(pairs, want);
+    }
+}

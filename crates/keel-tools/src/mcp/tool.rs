@@ -1,0 +1,230 @@
+//! One tool of an MCP server as a keel `Tool`.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_guard::schema::{CompiledSchema, normalize};
+use keel_protocol::{Risk, Tool, ToolContext, ToolError, ToolOutput, ToolSource, ToolSpec};
+use rmcp::ServiceError;
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock};
+use serde_json::{Map, Value};
+
+use super::Shared;
+
+/// A tool as the server described it, with keel's spec derived from that.
+#[derive(Debug, Clone)]
+pub(crate) struct RemoteTool {
+    /// The name the server knows it by (without the server prefix).
+    remote_name: Arc<str>,
+    spec: ToolSpec,
+}
+
+impl RemoteTool {
+    /// Derives keel's spec; `None` (logged) when the server's input schema
+    /// cannot be compiled, since such a tool could never be called safely.
+    pub(crate) fn from_mcp(
+        server: &str,
+        tool: rmcp::model::Tool,
+        timeout: Duration,
+    ) -> Option<RemoteTool> {
+        let name = format!("{server}.{}", tool.name);
+        let parameters = normalize(&Value::Object((*tool.input_schema).clone()));
+        if let Err(e) = CompiledSchema::compile(&parameters) {
+            tracing::warn!(tool = %name, error = %e, "mcp tool skipped: invalid input schema");
+            return None;
+        }
+        let annotations = tool.annotations.clone().unwrap_or_default();
+        let (risk, requires_approval) = if annotations.read_only_hint == Some(true) {
+            (Risk::Read, false)
+        } else if annotations.destructive_hint == Some(true) {
+            (Risk::Dangerous, true)
+        } else {
+            (Risk::Write, false)
+        };
+        let description = tool
+            .description
+            .as_deref()
+            .or(tool.title.as_deref())
+            .or(annotations.title.as_deref())
+            .unwrap_or_default()
+            .to_owned();
+        let spec = ToolSpec {
+            output_schema: tool
+                .output_schema
+                .as_ref()
+                .map(|s| Value::Object((**s).clone())),
+            risk,
+            requires_approval,
+            idempotent: annotations.idempotent_hint.unwrap_or(false),
+            timeout,
+            source: ToolSource::Mcp,
+            ..ToolSpec::new(name, description, parameters)
+        };
+        Some(RemoteTool {
+            remote_name: Arc::from(tool.name.as_ref()),
+            spec,
+        })
+    }
+}
+
+pub(crate) struct McpTool {
+    remote: RemoteTool,
+    shared: Arc<Shared>,
+}
+
+impl McpTool {
+    pub(crate) fn new(remote: RemoteTool, shared: Arc<Shared>) -> Self {
+        Self { remote, shared }
+    }
+
+    pub(crate) fn spec_mut(&mut self) -> &mut ToolSpec {
+        &mut self.remote.spec
+    }
+}
+
+#[async_trait::async_trait]
+impl Tool for McpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.remote.spec
+    }
+
+    async fn call(&self, arguments: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        let server = &self.shared.name;
+        let arguments = match arguments {
+            Value::Object(map) => map,
+            Value::Null => Map::new(),
+            _ => return Err(ToolError::Failed("arguments must be a JSON object".into())),
+        };
+        let conn = self.shared.connection()?;
+        let params = CallToolRequestParams::new(Cow::Owned(self.remote.remote_name.to_string()))
+            .with_arguments(arguments);
+        let timeout = self.remote.spec.timeout;
+        let outcome = tokio::select! {
+            biased;
+            r = tokio::time::timeout(timeout, conn.peer.call_tool_once(params)) => r,
+            () = conn.gone.cancelled() => {
+                return Err(ToolError::Unavailable(format!(
+                    "mcp server {server} exited during the call"
+                )));
+            }
+        };
+        match outcome {
+            Err(_) => Err(ToolError::Timeout(timeout)),
+            Ok(Ok(CallToolResponse::Complete(result))) => Ok(to_output(result)),
+            Ok(Ok(_)) => Err(ToolError::Failed(format!(
+                "mcp server {server} asked for interactive input or a task, which keel does not support"
+            ))),
+            Ok(Err(e)) => Err(service_error(server, e)),
+        }
+    }
+}
+
+fn service_error(server: &str, e: ServiceError) -> ToolError {
+    match e {
+        ServiceError::McpError(data) => {
+            ToolError::Failed(format!("mcp server {server}: {}", data.message))
+        }
+        ServiceError::TransportSend(_) | ServiceError::TransportClosed => {
+            ToolError::Unavailable(format!("mcp server {server} is restarting"))
+        }
+        ServiceError::Timeout { timeout } => ToolError::Timeout(timeout),
+        other => ToolError::Failed(format!("mcp server {server}: {other}")),
+    }
+}
+
+fn to_output(result: CallToolResult) -> ToolOutput {
+    let texts: Vec<String> = result.content.iter().map(describe).collect();
+    let mut content = texts.join("\n");
+    if content.is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        content = structured.to_string();
+    }
+    ToolOutput {
+        content,
+        structured: result.structured_content,
+        is_error: result.is_error == Some(true),
+    }
+}
+
+/// Text blocks as they are; other blocks as a short note, since the model
+/// only sees text here.
+fn describe(block: &ContentBlock) -> String {
+    if let Some(text) = block.as_text() {
+        return text.text.clone();
+    }
+    let kind = serde_json::to_value(block)
+        .ok()
+        .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "non-text".to_owned());
+    format!("[{kind} content omitted]")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn mcp_tool(v: Value) -> rmcp::model::Tool {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn annotations_map_to_risk() {
+        let t = |annotations: Value| {
+            RemoteTool::from_mcp(
+                "plant",
+                mcp_tool(json!({"name": "t", "inputSchema": {"type": "object"}, "annotations": annotations})),
+                Duration::from_secs(3),
+            )
+            .unwrap()
+            .spec
+        };
+        let read = t(json!({"readOnlyHint": true, "idempotentHint": true}));
+        assert_eq!(
+            (read.risk, read.requires_approval, read.idempotent),
+            (Risk::Read, false, true)
+        );
+        let danger = t(json!({"readOnlyHint": false, "destructiveHint": true}));
+        assert_eq!(
+            (danger.risk, danger.requires_approval),
+            (Risk::Dangerous, true)
+        );
+        let write = t(json!({}));
+        assert_eq!(
+            (write.risk, write.requires_approval, write.idempotent),
+            (Risk::Write, false, false)
+        );
+        assert_eq!(write.name, "plant.t");
+        assert_eq!(write.timeout, Duration::from_secs(3));
+        assert_eq!(write.source, ToolSource::Mcp);
+        assert_eq!(write.parameters["additionalProperties"], json!(false));
+    }
+
+    #[test]
+    fn result_conversion() {
+        let r: CallToolResult = serde_json::from_value(json!({
+            "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            "isError": true
+        }))
+        .unwrap();
+        assert_eq!(
+            to_output(r),
+            ToolOutput {
+                content: "a\nb".into(),
+                structured: None,
+                is_error: true
+            }
+        );
+        let r: CallToolResult =
+            serde_json::from_value(json!({"content": [], "structuredContent": {"sum": 3}}))
+                .unwrap();
+        let out = to_output(r);
+        assert_eq!(out.content, r#"{"sum":3}"#);
+        assert_eq!(out.structured, Some(json!({"sum": 3})));
+        assert!(!out.is_error);
+    }
+}

@@ -1,0 +1,201 @@
+//! Assembles a runtime from configuration: store, providers, tools, agents, auth.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use keel_config::{Config, Env, ProcessEnv, ProviderKind};
+use keel_core::{AgentRuntime, Runtime, ToolSet};
+use keel_protocol::{ModelClient, Principal, Store};
+use keel_providers::openai::{OpenAiClient, OpenAiSettings};
+use keel_store::SqliteStore;
+use keel_tools::LoadedTools;
+
+pub struct App {
+    pub config: Config,
+    pub runtime: Runtime,
+    pub tools: LoadedTools,
+    /// API keys resolved from the environment.
+    pub keys: Vec<(String, Principal)>,
+}
+
+/// Where the configuration comes from, for messages.
+pub enum Source {
+    File(PathBuf),
+    Defaults,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(p) => write!(f, "{}", p.display()),
+            Self::Defaults => write!(f, "built-in defaults"),
+        }
+    }
+}
+
+/// Finds the configuration: `--config`/`KEEL_CONFIG`, else `./keel.toml`, else defaults.
+pub fn resolve_source(flag: Option<&Path>) -> Source {
+    match flag {
+        Some(p) => Source::File(p.to_path_buf()),
+        None if Path::new("keel.toml").exists() => Source::File(PathBuf::from("keel.toml")),
+        None => Source::Defaults,
+    }
+}
+
+pub fn load_config(source: &Source) -> anyhow::Result<Config> {
+    let env = ProcessEnv;
+    let loaded = match source {
+        Source::File(path) => keel_config::load_file(path, &env),
+        Source::Defaults => keel_config::load_str(&default_config_text(&env), "built-in defaults", &env),
+    }
+    .map_err(|e| anyhow::anyhow!("invalid configuration:\n{e}"))?;
+    for w in &loaded.warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(loaded.config)
+}
+
+/// With no file, keel talks to any OpenAI-compatible endpoint named by the
+/// usual variables, with one agent that may use every tool.
+fn default_config_text(env: &dyn Env) -> String {
+    let base = env
+        .var("OPENAI_BASE_URL")
+        .unwrap_or_else(|| "https://api.openai.com/v1".into());
+    let model = env.var("KEEL_MODEL").unwrap_or_else(|| "gpt-4o-mini".into());
+    let quote = |s: &str| toml_string(s);
+    format!(
+        r#"[[providers]]
+name = "default"
+kind = "openai"
+base_url = {base}
+api_key_env = "OPENAI_API_KEY"
+model = {model}
+
+[[agents]]
+id = "default"
+provider = "default"
+system_prompt = "You are a helpful operations assistant. Use tools when they are needed."
+tools = ["*"]
+"#,
+        base = quote(&base),
+        model = quote(&model),
+    )
+}
+
+fn toml_string(s: &str) -> String {
+    let escaped: String = s
+        .chars()
+        .flat_map(|c| match c {
+            '"' => vec!['\\', '"'],
+            '\\' => vec!['\\', '\\'],
+            c if c.is_control() => Vec::new(),
+            c => vec![c],
+        })
+        .collect();
+    format!("\"{escaped}\"")
+}
+
+pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let url = config
+        .server
+        .database_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}/keel.db", config.server.data_dir.trim_end_matches('/')));
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        let store = SqliteStore::open(Path::new(path))
+            .with_context(|| format!("opening the SQLite store at {path}"))?;
+        return Ok(Arc::new(store));
+    }
+    bail!("database_url `{url}`: only sqlite:// is supported by this build")
+}
+
+fn model_client(p: &keel_config::ProviderConfig, env: &dyn Env) -> anyhow::Result<Arc<dyn ModelClient>> {
+    match p.kind {
+        ProviderKind::Openai => {
+            let api_key = match &p.api_key_env {
+                Some(var) => {
+                    let key = keel_config::secret_from_env(env, var);
+                    if key.is_none() {
+                        tracing::warn!(provider = %p.name, "environment variable {var} is not set; calling the provider without a key");
+                    }
+                    key.map(|k| secrecy::ExposeSecret::expose_secret(&k).to_owned())
+                }
+                None => None,
+            };
+            let settings = OpenAiSettings {
+                base_url: p.base_url.clone().unwrap_or_else(|| "https://api.openai.com/v1".into()),
+                api_key,
+                model: p.model.clone(),
+                stream: p.stream,
+                timeout: Duration::from_secs(p.timeout_s.max(1)),
+                max_retries: p.max_retries,
+                backoff_base: Duration::from_millis(p.backoff_ms),
+                context_window: p.context_window,
+            };
+            let client = OpenAiClient::new(settings)
+                .with_context(|| format!("provider `{}`", p.name))?;
+            Ok(Arc::new(client))
+        }
+        other => bail!(
+            "provider `{}`: kind `{}` is not available in this build yet",
+            p.name,
+            match other {
+                ProviderKind::Anthropic => "anthropic",
+                ProviderKind::Local => "local",
+                ProviderKind::Openai => "openai",
+            }
+        ),
+    }
+}
+
+pub async fn build(config: Config) -> anyhow::Result<App> {
+    let env = ProcessEnv;
+    let store = open_store(&config).await?;
+    let mut agents = Vec::new();
+    for a in &config.agents {
+        let provider = config
+            .providers
+            .iter()
+            .find(|p| p.name == a.provider)
+            .with_context(|| format!("agent `{}` names a missing provider `{}`", a.id, a.provider))?;
+        agents.push(AgentRuntime {
+            config: a.clone(),
+            model: model_client(provider, &env)?,
+        });
+    }
+    if agents.is_empty() {
+        bail!("no agent is configured: add an [[agents]] section");
+    }
+    let default_agent = if config.agents.iter().any(|a| a.id == "default") {
+        "default".to_owned()
+    } else {
+        config.agents[0].id.clone()
+    };
+    let tools = keel_tools::load_tools(&config.tools, |k| env.var(k))
+        .await
+        .context("loading tools")?;
+    let toolset = ToolSet::new(tools.tools.clone()).context("registering tools")?;
+    let runtime = Runtime::new(store, toolset, agents, &default_agent)?;
+    let mut keys = Vec::new();
+    for (i, k) in config.auth.keys.iter().enumerate() {
+        let Some(value) = env.var(&k.key_env).filter(|v| !v.is_empty()) else {
+            bail!("auth.keys[{i}].key_env: environment variable {} is not set", k.key_env);
+        };
+        keys.push((
+            value,
+            Principal {
+                tenant: k.tenant.clone(),
+                id: k.principal.clone(),
+                roles: k.roles.clone(),
+            },
+        ));
+    }
+    Ok(App {
+        config,
+        runtime,
+        tools,
+        keys,
+    })
+}

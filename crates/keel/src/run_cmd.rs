@@ -1,0 +1,71 @@
+//! `keel run "<question>"`: one run in this process, its timeline printed live.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use keel_core::StartRun;
+use keel_protocol::{EventKind, Principal};
+
+use crate::timeline::Timeline;
+
+pub async fn run(
+    config: Option<&Path>,
+    question: String,
+    agent: Option<String>,
+    session: Option<String>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let source = crate::app::resolve_source(config);
+    let config = crate::app::load_config(&source)?;
+    let app = crate::app::build(config).await?;
+    let principal = Principal {
+        tenant: "default".into(),
+        id: "cli".into(),
+        roles: Vec::new(),
+    };
+    let run = app
+        .runtime
+        .start_run(
+            &principal,
+            StartRun {
+                input: question,
+                session,
+                agent,
+                ..StartRun::default()
+            },
+        )
+        .await?;
+    let mut events = keel_core::follow::follow(app.runtime.clone(), run.id.clone(), 0);
+    let mut timeline = Timeline::new(json);
+    let mut code = ExitCode::FAILURE;
+    while let Some(event) = events.recv().await {
+        timeline.print(&event);
+        match &event.kind {
+            EventKind::ClarificationNeeded { .. } => {
+                let answer = read_answer().await?;
+                app.runtime.input(&principal.tenant, &run.id, answer).await?;
+            }
+            EventKind::RunCompleted { .. } => code = ExitCode::SUCCESS,
+            EventKind::RunCancelled { .. } => code = ExitCode::from(130),
+            _ => {}
+        }
+    }
+    app.tools.shutdown().await;
+    Ok(code)
+}
+
+async fn read_answer() -> anyhow::Result<String> {
+    print!("  your answer> ");
+    std::io::stdout().flush()?;
+    let line = tokio::task::spawn_blocking(|| {
+        let mut s = String::new();
+        std::io::stdin().read_line(&mut s).map(|_| s)
+    })
+    .await??;
+    let line = line.trim().to_owned();
+    if line.is_empty() {
+        anyhow::bail!("no answer given (end of input)");
+    }
+    Ok(line)
+}

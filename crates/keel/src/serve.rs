@@ -1,0 +1,79 @@
+//! `keel serve`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use keel_server::{AppState, Auth};
+
+pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let source = crate::app::resolve_source(config);
+    let config = crate::app::load_config(&source)?;
+    let bind: SocketAddr = config
+        .server
+        .bind
+        .parse()
+        .with_context(|| format!("server.bind `{}` is not an address like 127.0.0.1:8780", config.server.bind))?;
+    let app = crate::app::build(config).await?;
+    let auth = if app.keys.is_empty() {
+        if !bind.ip().is_loopback() {
+            bail!(
+                "server.bind {bind} is not a loopback address and no API keys are configured: \
+                 add [[auth.keys]] or bind 127.0.0.1"
+            );
+        }
+        Auth::open()
+    } else {
+        Auth::with_keys(app.keys.clone())
+    };
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("binding {bind}"))?;
+    let local = listener.local_addr().context("reading the bound address")?;
+    let resumed = app.runtime.resume_unfinished().await.context("resuming unfinished runs")?;
+    let state = AppState {
+        runtime: app.runtime.clone(),
+        auth: Arc::new(auth),
+        max_body_bytes: app.config.server.max_body_bytes,
+        metrics: keel_server::metrics::handle(),
+    };
+    tracing::info!(
+        addr = %local,
+        config = %source,
+        agents = %app.runtime.agent_ids().join(","),
+        tools = app.runtime.tools().len(),
+        resumed,
+        "keel serving on http://{local}"
+    );
+    // One plain line on stdout, for people and for scripts waiting for readiness.
+    println!("keel listening on http://{local}");
+    keel_server::serve(listener, state, shutdown_signal())
+        .await
+        .context("serving HTTP")?;
+    app.tools.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down; unfinished runs resume on the next start");
+}

@@ -1,0 +1,287 @@
+//! Starts real `keel serve` processes against a fake model and a real HTTP
+//! tool backend, and talks to them over HTTP like any client would.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use keel_test_support::sse::{Frame, read_frames};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub const KEY_ACME: &str = "key-acme-123";
+pub const KEY_GLOBEX: &str = "key-globex-456";
+
+/// Everything a test config needs to know.
+pub struct Env {
+    pub model_url: String,
+    pub tools_url: String,
+    /// Extra TOML appended to the agent (e.g. an `[agents.limits]` table).
+    pub agent_extra: String,
+    pub stream: bool,
+    pub auth: bool,
+}
+
+impl Env {
+    pub fn new(model_url: &str, tools_url: &str) -> Self {
+        Self {
+            model_url: model_url.to_owned(),
+            tools_url: tools_url.to_owned(),
+            agent_extra: String::new(),
+            stream: true,
+            auth: false,
+        }
+    }
+}
+
+pub fn config(dir: &Path, env: &Env) -> String {
+    let auth = if env.auth {
+        r#"
+[[auth.keys]]
+key_env = "TEST_KEY_ACME"
+tenant = "acme"
+principal = "alice"
+roles = ["operator"]
+
+[[auth.keys]]
+key_env = "TEST_KEY_GLOBEX"
+tenant = "globex"
+principal = "bob"
+roles = []
+"#
+    } else {
+        ""
+    };
+    format!(
+        r#"
+[server]
+bind = "127.0.0.1:0"
+data_dir = "{dir}"
+
+[[providers]]
+name = "main"
+kind = "openai"
+base_url = "{model}"
+model = "fake-model"
+stream = {stream}
+max_retries = 2
+backoff_ms = 10
+timeout_s = 5
+
+[[agents]]
+id = "default"
+provider = "main"
+system_prompt = "You are the plant operations assistant."
+tools = ["furnace_status", "slow_op", "restart_furnace"]
+{agent_extra}
+
+[[tools.http]]
+name = "furnace_status"
+description = "Current status of one furnace"
+method = "GET"
+url = "{tools}/furnaces/{{furnace_id}}"
+parameters = {{ type = "object", properties = {{ furnace_id = {{ type = "string", description = "Furnace id, e.g. F2" }} }}, required = ["furnace_id"] }}
+risk = "read"
+idempotent = true
+
+[[tools.http]]
+name = "slow_op"
+description = "A slow operation that is not safe to repeat"
+method = "GET"
+url = "{tools}/slow"
+parameters = {{ type = "object", properties = {{ ms = {{ type = "integer" }} }}, required = ["ms"] }}
+timeout_s = 30
+
+[[tools.http]]
+name = "restart_furnace"
+description = "Restart a furnace"
+method = "POST"
+url = "{tools}/restart"
+parameters = {{ type = "object", properties = {{ furnace_id = {{ type = "string" }} }}, required = ["furnace_id"] }}
+risk = "write"
+roles = ["operator"]
+{auth}
+"#,
+        dir = dir.display(),
+        model = env.model_url,
+        tools = env.tools_url,
+        stream = env.stream,
+        agent_extra = env.agent_extra,
+        auth = auth,
+    )
+}
+
+pub struct Keel {
+    child: Option<Child>,
+    pub base: String,
+    pub dir: PathBuf,
+    config_path: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    http: reqwest::Client,
+}
+
+impl Keel {
+    /// Writes the config into a fresh temp dir and starts `keel serve`.
+    pub async fn start(env: &Env) -> Keel {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let config_path = dir.join("keel.toml");
+        std::fs::write(&config_path, config(&dir, env)).unwrap();
+        let mut k = Keel {
+            child: None,
+            base: String::new(),
+            dir,
+            config_path,
+            _tmp: Some(tmp),
+            http: reqwest::Client::new(),
+        };
+        k.spawn().await;
+        k
+    }
+
+    async fn spawn(&mut self) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&self.config_path)
+            .env("KEEL_LOG", "warn")
+            .env("TEST_KEY_ACME", KEY_ACME)
+            .env("TEST_KEY_GLOBEX", KEY_GLOBEX)
+            .env_remove("KEEL_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(l) = lines.next_line().await.unwrap() {
+                if let Some(url) = l.strip_prefix("keel listening on ") {
+                    return url.to_owned();
+                }
+            }
+            panic!("keel exited before listening");
+        })
+        .await
+        .expect("keel did not start within 30 s");
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.base = line;
+        self.child = Some(child);
+    }
+
+    /// SIGKILL, as a crash would.
+    pub async fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.start_kill().unwrap();
+            c.wait().await.unwrap();
+        }
+    }
+
+    pub async fn restart(&mut self) {
+        self.kill9().await;
+        self.spawn().await;
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn post(&self, path: &str, body: Value, key: Option<&str>) -> (u16, Value) {
+        let mut r = self.http.post(self.url(path)).json(&body);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>, key: Option<&str>) -> (u16, Value) {
+        let mut r = self
+            .http
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
+        let mut r = self.http.get(self.url(path));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// Starts a run and returns its id.
+    pub async fn start_run(&self, input: &str, key: Option<&str>) -> String {
+        let (status, body) = self.post("/ai/runs", serde_json::json!({"input": input}), key).await;
+        assert_eq!(status, 201, "{body}");
+        body["id"].as_str().unwrap().to_owned()
+    }
+
+    /// The whole event stream of a run (until its terminal event), after `after`.
+    pub async fn events(&self, run_id: &str, after: Option<u64>, key: Option<&str>) -> Vec<Frame> {
+        self.events_until(run_id, after, key, |_| false).await
+    }
+
+    pub async fn events_until(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        key: Option<&str>,
+        until: impl Fn(&Frame) -> bool,
+    ) -> Vec<Frame> {
+        let mut r = self.http.get(self.url(&format!("/ai/runs/{run_id}/events")));
+        if let Some(a) = after {
+            r = r.header("Last-Event-ID", a.to_string());
+        }
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let resp = r.send().await.unwrap();
+        read_frames(resp, Duration::from_secs(30), until).await
+    }
+
+    /// Polls the run until it has `status`.
+    pub async fn wait_status(&self, run_id: &str, status: &str, key: Option<&str>) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (code, run) = self.get(&format!("/ai/runs/{run_id}"), key).await;
+            assert_eq!(code, 200, "{run}");
+            if run["status"] == status {
+                return run;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("run {run_id} never reached {status}: {run}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Asserts the SPEC §3 framing invariants: seq gap-free from `first`, ids match seq.
+pub fn assert_gap_free(frames: &[Frame], first: u64) {
+    for (i, f) in frames.iter().enumerate() {
+        let expected = first + i as u64;
+        assert_eq!(f.id, expected, "frame {i} has id {} (expected {expected})", f.id);
+        assert_eq!(f.data["seq"], expected);
+        assert_eq!(f.data["type"], f.event);
+        assert!(f.data["run_id"].is_string());
+        assert!(f.data["ts"].is_string());
+    }
+}
