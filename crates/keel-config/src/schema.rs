@@ -267,7 +267,7 @@ fn check(node: &mut Node, ty: &Ty, path: &KeyPath, found: &mut Findings) -> bool
                 found.error(
                     path,
                     Some(&node.origin),
-                    format!("expected {}, found {n}", ty.describe()),
+                    format!("expected {}, found integer {n}", ty.describe()),
                 );
                 return false;
             }
@@ -337,6 +337,14 @@ fn check_json(node: &Node, path: &KeyPath, found: &mut Findings) -> bool {
         }
         Val::Float(f) if !f.is_finite() => {
             found.error(path, Some(&node.origin), format!("{f} has no JSON form"));
+            false
+        }
+        Val::Int(n) if i64::try_from(*n).is_err() => {
+            found.error(
+                path,
+                Some(&node.origin),
+                format!("integer {n} is out of range"),
+            );
             false
         }
         Val::Array(items) => {

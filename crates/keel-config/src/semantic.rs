@@ -84,7 +84,13 @@ fn check_providers(config: &Config, env: &dyn Env, found: &mut Findings) {
             check_http_url(found, &at.key("base_url"), url);
         }
         if let Some(var) = &p.api_key_env {
-            check_env_var_named(found, env, &at.key("api_key_env"), var, "the API key");
+            check_env_var_named(
+                found,
+                env,
+                &at.key("api_key_env"),
+                var,
+                "the provider's API key",
+            );
         }
         if p.model.is_empty() && !found.is_invalid(&at.key("model")) {
             found.error_at(&at.key("model"), "must not be empty".into());
@@ -369,7 +375,13 @@ fn url_params(url: &str) -> Result<Vec<&str>, String> {
 fn check_auth(config: &Config, env: &dyn Env, found: &mut Findings) {
     for (i, key) in config.auth.keys.iter().enumerate() {
         let at = root("auth").key("keys").index(i);
-        check_env_var_named(found, env, &at.key("key_env"), &key.key_env, "the API key");
+        check_env_var_named(
+            found,
+            env,
+            &at.key("key_env"),
+            &key.key_env,
+            "a keel API key",
+        );
         for field in ["tenant", "principal"] {
             let value = if field == "tenant" {
                 &key.tenant

@@ -149,7 +149,9 @@ repeat_critical = 2
         "{}",
         messages(&r)
     );
-    assert!(messages(&r).contains("expected an integer from 0 to 4294967295, found 5000000000"));
+    assert!(
+        messages(&r).contains("expected an integer from 0 to 4294967295, found integer 5000000000")
+    );
 }
 
 #[test]

@@ -44,7 +44,13 @@ impl ClarifyRequest {
     /// Reads the arguments leniently: a malformed request is simply not actionable.
     pub fn parse(raw_arguments: &str) -> Self {
         let v: Value = serde_json::from_str(raw_arguments).unwrap_or(Value::Null);
-        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").trim().to_owned();
+        let s = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        };
         let missing_slots = v
             .get("missing_slots")
             .and_then(Value::as_array)
@@ -75,7 +81,10 @@ impl std::fmt::Display for NotActionable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::NoSuchTool(t) if t.is_empty() => write!(f, "clarify named no tool"),
-            Self::NoSuchTool(t) => write!(f, "clarify named `{t}`, which is not a tool this caller may use"),
+            Self::NoSuchTool(t) => write!(
+                f,
+                "clarify named `{t}`, which is not a tool this caller may use"
+            ),
             Self::NoSlots => write!(f, "clarify named no missing parameter"),
             Self::NotRequired(s) => write!(
                 f,
@@ -134,8 +143,12 @@ pub fn question_for(spec: &ToolSpec, slots: &[String], model_question: Option<&s
             _ => s.clone(),
         })
         .collect();
-    format!("To run {} I need: {}. Please provide {}.", spec.name, parts.join("; "),
-        if slots.len() == 1 { "it" } else { "them" })
+    format!(
+        "To run {} I need: {}. Please provide {}.",
+        spec.name,
+        parts.join("; "),
+        if slots.len() == 1 { "it" } else { "them" }
+    )
 }
 
 /// Merges the user's reply into the pending arguments. A JSON object reply
@@ -200,26 +213,41 @@ mod tests {
     #[test]
     fn clarify_without_tool_is_not_actionable() {
         let r = ClarifyRequest::parse(r#"{"tool_name":"","missing_slots":["x"],"question":"?"}"#);
-        assert_eq!(actionable_slots(&r, None), Err(NotActionable::NoSuchTool(String::new())));
+        assert_eq!(
+            actionable_slots(&r, None),
+            Err(NotActionable::NoSuchTool(String::new()))
+        );
     }
 
     #[test]
     fn clarify_needs_slots_that_are_required() {
         let s = spec();
-        let none = ClarifyRequest { tool_name: "furnace_status".into(), ..Default::default() };
-        assert_eq!(actionable_slots(&none, Some(&s)), Err(NotActionable::NoSlots));
+        let none = ClarifyRequest {
+            tool_name: "furnace_status".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            actionable_slots(&none, Some(&s)),
+            Err(NotActionable::NoSlots)
+        );
         let wrong = ClarifyRequest {
             tool_name: "furnace_status".into(),
             missing_slots: vec!["verbose".into()],
             question: String::new(),
         };
-        assert!(matches!(actionable_slots(&wrong, Some(&s)), Err(NotActionable::NotRequired(_))));
+        assert!(matches!(
+            actionable_slots(&wrong, Some(&s)),
+            Err(NotActionable::NotRequired(_))
+        ));
         let ok = ClarifyRequest {
             tool_name: "furnace_status".into(),
             missing_slots: vec!["hours".into(), "furnace_id".into()],
             question: String::new(),
         };
-        assert_eq!(actionable_slots(&ok, Some(&s)).unwrap(), vec!["furnace_id", "hours"]);
+        assert_eq!(
+            actionable_slots(&ok, Some(&s)).unwrap(),
+            vec!["furnace_id", "hours"]
+        );
     }
 
     #[test]
@@ -232,14 +260,20 @@ mod tests {
     fn question_falls_back_to_descriptions() {
         let q = question_for(&spec(), &["furnace_id".into()], None);
         assert!(q.contains("Furnace id, e.g. F2"), "{q}");
-        assert_eq!(question_for(&spec(), &["furnace_id".into()], Some("Which furnace?")), "Which furnace?");
+        assert_eq!(
+            question_for(&spec(), &["furnace_id".into()], Some("Which furnace?")),
+            "Which furnace?"
+        );
     }
 
     #[test]
     fn reply_merges_into_single_slot_with_type() {
         let s = spec();
         let args = json!({"furnace_id":"F2"});
-        assert_eq!(merge_reply(&s, &args, &["hours".into()], " 12 ").unwrap(), json!({"furnace_id":"F2","hours":12}));
+        assert_eq!(
+            merge_reply(&s, &args, &["hours".into()], " 12 ").unwrap(),
+            json!({"furnace_id":"F2","hours":12})
+        );
         assert_eq!(merge_reply(&s, &args, &["hours".into()], "twelve"), None);
         assert_eq!(
             merge_reply(&s, &json!({}), &["furnace_id".into()], "F7").unwrap(),
@@ -250,14 +284,34 @@ mod tests {
     #[test]
     fn reply_as_json_object_fills_several_slots() {
         let s = spec();
-        let m = merge_reply(&s, &json!({}), &["furnace_id".into(), "hours".into()], r#"{"furnace_id":"F1","hours":3}"#);
+        let m = merge_reply(
+            &s,
+            &json!({}),
+            &["furnace_id".into(), "hours".into()],
+            r#"{"furnace_id":"F1","hours":3}"#,
+        );
         assert_eq!(m.unwrap(), json!({"furnace_id":"F1","hours":3}));
-        assert_eq!(merge_reply(&s, &json!({}), &["furnace_id".into(), "hours".into()], "F1 and 3"), None);
+        assert_eq!(
+            merge_reply(
+                &s,
+                &json!({}),
+                &["furnace_id".into(), "hours".into()],
+                "F1 and 3"
+            ),
+            None
+        );
     }
 
     #[test]
     fn at_most_two_slots_are_asked() {
-        let s = ToolSpec::new("t", "", json!({"type":"object","properties":{"a":{},"b":{},"c":{}},"required":["a","b","c"]}));
-        assert_eq!(most_important(&s, &["c".into(), "b".into(), "a".into()]), vec!["a", "b"]);
+        let s = ToolSpec::new(
+            "t",
+            "",
+            json!({"type":"object","properties":{"a":{},"b":{},"c":{}},"required":["a","b","c"]}),
+        );
+        assert_eq!(
+            most_important(&s, &["c".into(), "b".into(), "a".into()]),
+            vec!["a", "b"]
+        );
     }
 }

@@ -38,7 +38,11 @@ pub fn check_call(
             detail: format!(
                 "unknown tool `{}`; available tools: {}",
                 truncate_name(&call.name),
-                if available.is_empty() { "none".to_owned() } else { available.join(", ") }
+                if available.is_empty() {
+                    "none".to_owned()
+                } else {
+                    available.join(", ")
+                }
             ),
         };
     };

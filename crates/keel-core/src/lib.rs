@@ -2,8 +2,8 @@
 //! set every call is checked against, the event bus, and the runtime that
 //! owns one actor task per live run.
 
-pub mod agent;
 mod actor;
+pub mod agent;
 pub mod bus;
 pub mod clarify;
 pub mod error;

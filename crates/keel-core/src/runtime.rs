@@ -80,7 +80,9 @@ impl Runtime {
             .map(|a| (a.config.id.clone(), a))
             .collect();
         if !agents.contains_key(default_agent) {
-            return Err(CoreError::Config(format!("default agent `{default_agent}` is not configured")));
+            return Err(CoreError::Config(format!(
+                "default agent `{default_agent}` is not configured"
+            )));
         }
         Ok(Self {
             shared: Arc::new(Shared {
@@ -112,7 +114,11 @@ impl Runtime {
         &self.shared.default_agent
     }
 
-    pub async fn start_run(&self, principal: &Principal, req: StartRun) -> Result<RunRecord, CoreError> {
+    pub async fn start_run(
+        &self,
+        principal: &Principal,
+        req: StartRun,
+    ) -> Result<RunRecord, CoreError> {
         if req.input.trim().is_empty() {
             return Err(CoreError::BadRequest("input: must not be empty".into()));
         }
@@ -122,7 +128,9 @@ impl Runtime {
                 req.input.len()
             )));
         }
-        let agent_id = req.agent.unwrap_or_else(|| self.shared.default_agent.clone());
+        let agent_id = req
+            .agent
+            .unwrap_or_else(|| self.shared.default_agent.clone());
         let Some(agent) = self.shared.agents.get(&agent_id).cloned() else {
             return Err(CoreError::BadRequest(format!(
                 "agent: no agent named `{agent_id}` (known: {})",
@@ -146,15 +154,27 @@ impl Runtime {
     }
 
     pub async fn get_run(&self, tenant: &str, id: &str) -> Result<RunRecord, CoreError> {
-        self.shared.store.get_run(tenant, id).await?.ok_or(CoreError::NotFound)
+        self.shared
+            .store
+            .get_run(tenant, id)
+            .await?
+            .ok_or(CoreError::NotFound)
     }
 
     pub async fn list_runs(&self, tenant: &str, filter: &RunFilter) -> Result<RunPage, CoreError> {
         Ok(self.shared.store.list_runs(tenant, filter).await?)
     }
 
-    pub async fn session(&self, tenant: &str, key: &str) -> Result<Vec<(String, Message)>, CoreError> {
-        self.shared.store.session_messages(tenant, key).await?.ok_or(CoreError::NotFound)
+    pub async fn session(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Vec<(String, Message)>, CoreError> {
+        self.shared
+            .store
+            .session_messages(tenant, key)
+            .await?
+            .ok_or(CoreError::NotFound)
     }
 
     /// Answers a pending clarification.
@@ -204,13 +224,16 @@ impl Runtime {
     }
 
     /// Tools this principal may see for an agent (SPEC §2 `GET /ai/tools`).
-    pub fn visible_tools(&self, principal: &Principal, agent: Option<&str>) -> Result<Vec<ToolSpec>, CoreError> {
+    pub fn visible_tools(
+        &self,
+        principal: &Principal,
+        agent: Option<&str>,
+    ) -> Result<Vec<ToolSpec>, CoreError> {
         let agent_id = agent.unwrap_or(&self.shared.default_agent);
-        let agent = self
-            .shared
-            .agents
-            .get(agent_id)
-            .ok_or_else(|| CoreError::BadRequest(format!("agent: no agent named `{agent_id}`")))?;
+        let agent =
+            self.shared.agents.get(agent_id).ok_or_else(|| {
+                CoreError::BadRequest(format!("agent: no agent named `{agent_id}`"))
+            })?;
         Ok(self
             .shared
             .tools
@@ -240,7 +263,10 @@ impl Runtime {
     async fn live_run(&self, tenant: &str, id: &str) -> Result<RunRecord, CoreError> {
         let run = self.get_run(tenant, id).await?;
         if run.status.is_terminal() {
-            return Err(CoreError::Conflict(format!("run {id} has already ended ({})", run.status.as_str())));
+            return Err(CoreError::Conflict(format!(
+                "run {id} has already ended ({})",
+                run.status.as_str()
+            )));
         }
         Ok(run)
     }
@@ -253,7 +279,10 @@ impl Runtime {
                 .commands
                 .send(cmd)
                 .map_err(|_| CoreError::Conflict(format!("run {} has just ended", run.id))),
-            None => Err(CoreError::Conflict(format!("run {} has just ended", run.id))),
+            None => Err(CoreError::Conflict(format!(
+                "run {} has just ended",
+                run.id
+            ))),
         }
     }
 
@@ -261,12 +290,12 @@ impl Runtime {
         if self.shared.lock_active().contains_key(&run.id) {
             return Ok(());
         }
-        let agent = self
-            .shared
-            .agents
-            .get(&run.agent)
-            .cloned()
-            .ok_or_else(|| CoreError::Config(format!("run {} uses agent `{}`, which is no longer configured", run.id, run.agent)))?;
+        let agent = self.shared.agents.get(&run.agent).cloned().ok_or_else(|| {
+            CoreError::Config(format!(
+                "run {} uses agent `{}`, which is no longer configured",
+                run.id, run.agent
+            ))
+        })?;
         self.spawn(run.clone(), agent);
         Ok(())
     }

@@ -47,12 +47,13 @@ impl ToolSet {
         }
         spec.parameters = normalize(&spec.parameters);
         let schema = CompiledSchema::compile(&spec.parameters).map_err(|e| {
-            CoreError::Config(format!("tool `{}` has an invalid parameter schema: {e}", spec.name))
+            CoreError::Config(format!(
+                "tool `{}` has an invalid parameter schema: {e}",
+                spec.name
+            ))
         })?;
-        self.tools.insert(
-            spec.name.clone(),
-            RegisteredTool { tool, spec, schema },
-        );
+        self.tools
+            .insert(spec.name.clone(), RegisteredTool { tool, spec, schema });
         Ok(())
     }
 

@@ -55,7 +55,10 @@ pub enum ModelError {
     #[error("provider sent a reply keel cannot read: {0}")]
     Protocol(String),
     #[error("provider failed after {attempts} attempts; last error: {last}")]
-    RetriesExhausted { attempts: u32, last: Box<ModelError> },
+    RetriesExhausted {
+        attempts: u32,
+        last: Box<ModelError>,
+    },
 }
 
 impl ModelError {

@@ -86,7 +86,12 @@ pub trait Store: Send + Sync {
     async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError>;
 
     /// Events of a run with `seq > after`, in order, at most `limit`.
-    async fn events_after(&self, run_id: &str, after: u64, limit: u32) -> Result<Vec<Event>, StoreError>;
+    async fn events_after(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError>;
 
     /// The history a run's prompt is built from: the messages of its session
     /// written by earlier runs, then this run's own.

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 use keel_protocol::Principal;
 
-use crate::{AppState, ApiError};
+use crate::{ApiError, AppState};
 
 /// Key values (read from env at startup) and whom they stand for.
 #[derive(Debug, Default)]
@@ -62,7 +62,10 @@ pub struct Caller(pub Principal);
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let header = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)

@@ -5,7 +5,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use serde::de::DeserializeOwned;
 
-use crate::{AppState, ApiError};
+use crate::{ApiError, AppState};
 
 pub struct JsonBody<T>(pub T);
 
@@ -20,18 +20,24 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
         if declared.is_some_and(|n| n > limit) {
-            return Err(ApiError::too_large(format!("body: larger than the {limit}-byte limit")));
+            return Err(ApiError::too_large(format!(
+                "body: larger than the {limit}-byte limit"
+            )));
         }
         let bytes: Bytes = axum::body::to_bytes(req.into_body(), limit)
             .await
-            .map_err(|_| ApiError::too_large(format!("body: larger than the {limit}-byte limit")))?;
+            .map_err(|_| {
+                ApiError::too_large(format!("body: larger than the {limit}-byte limit"))
+            })?;
         parse(&bytes).map(JsonBody)
     }
 }
 
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request("body: expected a JSON object, got an empty body"));
+        return Err(ApiError::bad_request(
+            "body: expected a JSON object, got an empty body",
+        ));
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {

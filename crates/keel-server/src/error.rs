@@ -27,7 +27,11 @@ impl ApiError {
     }
 
     pub fn not_found(what: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} not found"),
+        )
     }
 
     pub fn too_large(message: impl Into<String>) -> Self {
@@ -52,7 +56,11 @@ pub fn from_core(e: CoreError, what: &str) -> ApiError {
         CoreError::Config(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "config_error", m),
         CoreError::Store(e) => {
             tracing::error!(error = %e, "store error while serving a request");
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "the store is unavailable; try again")
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "the store is unavailable; try again",
+            )
         }
     }
 }

@@ -11,7 +11,11 @@ use tokio_stream::wrappers::ReceiverStream;
 /// SPEC §3 asks for a heartbeat at least every 15 s while a run waits.
 const HEARTBEAT: Duration = Duration::from_secs(10);
 
-pub fn stream(runtime: Runtime, run_id: String, after: u64) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+pub fn stream(
+    runtime: Runtime,
+    run_id: String,
+    after: u64,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let events = keel_core::follow::follow(runtime, run_id, after);
     let frames = ReceiverStream::new(events).map(|e| {
         let data = serde_json::to_string(&*e).unwrap_or_else(|_| "{}".into());

@@ -48,7 +48,9 @@ pub fn load_config(source: &Source) -> anyhow::Result<Config> {
     let env = ProcessEnv;
     let loaded = match source {
         Source::File(path) => keel_config::load_file(path, &env),
-        Source::Defaults => keel_config::load_str(&default_config_text(&env), "built-in defaults", &env),
+        Source::Defaults => {
+            keel_config::load_str(&default_config_text(&env), "built-in defaults", &env)
+        }
     }
     .map_err(|e| anyhow::anyhow!("invalid configuration:\n{e}"))?;
     for w in &loaded.warnings {
@@ -63,7 +65,9 @@ fn default_config_text(env: &dyn Env) -> String {
     let base = env
         .var("OPENAI_BASE_URL")
         .unwrap_or_else(|| "https://api.openai.com/v1".into());
-    let model = env.var("KEEL_MODEL").unwrap_or_else(|| "gpt-4o-mini".into());
+    let model = env
+        .var("KEEL_MODEL")
+        .unwrap_or_else(|| "gpt-4o-mini".into());
     let quote = |s: &str| toml_string(s);
     format!(
         r#"[[providers]]
@@ -98,11 +102,12 @@ fn toml_string(s: &str) -> String {
 }
 
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    let url = config
-        .server
-        .database_url
-        .clone()
-        .unwrap_or_else(|| format!("sqlite://{}/keel.db", config.server.data_dir.trim_end_matches('/')));
+    let url = config.server.database_url.clone().unwrap_or_else(|| {
+        format!(
+            "sqlite://{}/keel.db",
+            config.server.data_dir.trim_end_matches('/')
+        )
+    });
     if let Some(path) = url.strip_prefix("sqlite://") {
         let store = SqliteStore::open(Path::new(path))
             .with_context(|| format!("opening the SQLite store at {path}"))?;
@@ -111,7 +116,10 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     bail!("database_url `{url}`: only sqlite:// is supported by this build")
 }
 
-fn model_client(p: &keel_config::ProviderConfig, env: &dyn Env) -> anyhow::Result<Arc<dyn ModelClient>> {
+fn model_client(
+    p: &keel_config::ProviderConfig,
+    env: &dyn Env,
+) -> anyhow::Result<Arc<dyn ModelClient>> {
     match p.kind {
         ProviderKind::Openai => {
             let api_key = match &p.api_key_env {
@@ -125,7 +133,10 @@ fn model_client(p: &keel_config::ProviderConfig, env: &dyn Env) -> anyhow::Resul
                 None => None,
             };
             let settings = OpenAiSettings {
-                base_url: p.base_url.clone().unwrap_or_else(|| "https://api.openai.com/v1".into()),
+                base_url: p
+                    .base_url
+                    .clone()
+                    .unwrap_or_else(|| "https://api.openai.com/v1".into()),
                 api_key,
                 model: p.model.clone(),
                 stream: p.stream,
@@ -134,8 +145,8 @@ fn model_client(p: &keel_config::ProviderConfig, env: &dyn Env) -> anyhow::Resul
                 backoff_base: Duration::from_millis(p.backoff_ms),
                 context_window: p.context_window,
             };
-            let client = OpenAiClient::new(settings)
-                .with_context(|| format!("provider `{}`", p.name))?;
+            let client =
+                OpenAiClient::new(settings).with_context(|| format!("provider `{}`", p.name))?;
             Ok(Arc::new(client))
         }
         other => bail!(
@@ -159,7 +170,9 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             .providers
             .iter()
             .find(|p| p.name == a.provider)
-            .with_context(|| format!("agent `{}` names a missing provider `{}`", a.id, a.provider))?;
+            .with_context(|| {
+                format!("agent `{}` names a missing provider `{}`", a.id, a.provider)
+            })?;
         agents.push(AgentRuntime {
             config: a.clone(),
             model: model_client(provider, &env)?,
@@ -181,7 +194,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let mut keys = Vec::new();
     for (i, k) in config.auth.keys.iter().enumerate() {
         let Some(value) = env.var(&k.key_env).filter(|v| !v.is_empty()) else {
-            bail!("auth.keys[{i}].key_env: environment variable {} is not set", k.key_env);
+            bail!(
+                "auth.keys[{i}].key_env: environment variable {} is not set",
+                k.key_env
+            );
         };
         keys.push((
             value,

@@ -14,5 +14,9 @@ pub fn check(config: Option<&Path>) -> anyhow::Result<ExitCode> {
     let result = keel_config::load_file(&path, &ProcessEnv);
     let origin = path.display().to_string();
     print!("{}", keel_config::render_report(&origin, &result));
-    Ok(if result.is_ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if result.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -12,7 +12,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "keel", version, about = "A guarded agent runtime: the model decides, code constrains every step.")]
+#[command(
+    name = "keel",
+    version,
+    about = "A guarded agent runtime: the model decides, code constrains every step."
+)]
 struct Cli {
     /// Configuration file (default: $KEEL_CONFIG, else ./keel.toml when present, else built-in defaults).
     #[arg(long, global = true, env = "KEEL_CONFIG")]
@@ -46,7 +50,10 @@ enum Command {
 fn main() -> std::process::ExitCode {
     init_tracing();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("keel: cannot start the async runtime: {e}");

@@ -44,7 +44,9 @@ pub async fn run(
         match &event.kind {
             EventKind::ClarificationNeeded { .. } => {
                 let answer = read_answer().await?;
-                app.runtime.input(&principal.tenant, &run.id, answer).await?;
+                app.runtime
+                    .input(&principal.tenant, &run.id, answer)
+                    .await?;
             }
             EventKind::RunCompleted { .. } => code = ExitCode::SUCCESS,
             EventKind::RunCancelled { .. } => code = ExitCode::from(130),

@@ -11,11 +11,12 @@ use keel_server::{AppState, Auth};
 pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
     let source = crate::app::resolve_source(config);
     let config = crate::app::load_config(&source)?;
-    let bind: SocketAddr = config
-        .server
-        .bind
-        .parse()
-        .with_context(|| format!("server.bind `{}` is not an address like 127.0.0.1:8780", config.server.bind))?;
+    let bind: SocketAddr = config.server.bind.parse().with_context(|| {
+        format!(
+            "server.bind `{}` is not an address like 127.0.0.1:8780",
+            config.server.bind
+        )
+    })?;
     let app = crate::app::build(config).await?;
     let auth = if app.keys.is_empty() {
         if !bind.ip().is_loopback() {
@@ -32,7 +33,11 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("binding {bind}"))?;
     let local = listener.local_addr().context("reading the bound address")?;
-    let resumed = app.runtime.resume_unfinished().await.context("resuming unfinished runs")?;
+    let resumed = app
+        .runtime
+        .resume_unfinished()
+        .await
+        .context("resuming unfinished runs")?;
     let state = AppState {
         runtime: app.runtime.clone(),
         auth: Arc::new(auth),

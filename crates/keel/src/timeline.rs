@@ -11,7 +11,10 @@ pub struct Timeline {
 
 impl Timeline {
     pub fn new(json: bool) -> Self {
-        Self { json, in_delta: false }
+        Self {
+            json,
+            in_delta: false,
+        }
     }
 
     pub fn print(&mut self, e: &Event) {
@@ -34,18 +37,46 @@ impl Timeline {
             self.in_delta = false;
         }
         let line = match &e.kind {
-            EventKind::RunStarted { agent, session, .. } => format!("▶ run started (agent {agent}, session {session})"),
-            EventKind::ReactPlan { step, action, tool_calls, .. } => {
+            EventKind::RunStarted { agent, session, .. } => {
+                format!("▶ run started (agent {agent}, session {session})")
+            }
+            EventKind::ReactPlan {
+                step,
+                action,
+                tool_calls,
+                ..
+            } => {
                 let names: Vec<&str> = tool_calls.iter().map(|c| c.tool.as_str()).collect();
                 format!("· step {step}: {action:?} {}", names.join(", "))
             }
-            EventKind::PolicyDecision { decision, rule, reason, .. } => {
+            EventKind::PolicyDecision {
+                decision,
+                rule,
+                reason,
+                ..
+            } => {
                 format!("  policy: {} ({rule}): {reason}", decision.as_str())
             }
-            EventKind::ToolCall { tool, arguments, .. } => format!("→ {tool} {arguments}"),
-            EventKind::ToolResult { tool, ok, duration_ms, output, error, .. } => {
-                let text = if *ok { short(output) } else { error.clone().unwrap_or_default() };
-                format!("← {tool} {} in {duration_ms} ms: {text}", if *ok { "ok" } else { "failed" })
+            EventKind::ToolCall {
+                tool, arguments, ..
+            } => format!("→ {tool} {arguments}"),
+            EventKind::ToolResult {
+                tool,
+                ok,
+                duration_ms,
+                output,
+                error,
+                ..
+            } => {
+                let text = if *ok {
+                    short(output)
+                } else {
+                    error.clone().unwrap_or_default()
+                };
+                format!(
+                    "← {tool} {} in {duration_ms} ms: {text}",
+                    if *ok { "ok" } else { "failed" }
+                )
             }
             EventKind::ReactFeedback { code, detail, .. } => format!("  ! {code}: {detail}"),
             EventKind::ClarificationNeeded { question, .. } => format!("? {question}"),
@@ -58,7 +89,9 @@ impl Timeline {
                 usage.tool_calls,
                 usage.prompt_tokens + usage.completion_tokens
             ),
-            EventKind::RunFailed { error } => format!("✘ failed: {} ({})", error.message, error.code),
+            EventKind::RunFailed { error } => {
+                format!("✘ failed: {} ({})", error.message, error.code)
+            }
             EventKind::RunCancelled { by } => format!("✘ cancelled by {by}"),
             other => format!("  {}", other.type_name()),
         };

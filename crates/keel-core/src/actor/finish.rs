@@ -22,11 +22,14 @@ impl RunActor {
                 EventKind::Final { answer: text },
                 EventKind::FollowUpStarted { text: next.clone() },
             ];
-            self.commit(events, vec![answer, Message::user(next)]).await?;
+            self.commit(events, vec![answer, Message::user(next)])
+                .await?;
             return Ok(Flow::Continue);
         }
         let events = vec![
-            EventKind::Final { answer: text.clone() },
+            EventKind::Final {
+                answer: text.clone(),
+            },
             EventKind::RunCompleted {
                 reason: reason.into(),
                 usage: self.usage,
@@ -51,7 +54,8 @@ impl RunActor {
         note: &str,
         reason: &str,
     ) -> Result<Flow, Exit> {
-        self.close_unanswered("not executed: the run is answering without tools").await?;
+        self.close_unanswered("not executed: the run is answering without tools")
+            .await?;
         if let Some(rule) = fallback_rule {
             let decision = EventKind::PolicyDecision {
                 step: self.steps,
@@ -62,14 +66,29 @@ impl RunActor {
             };
             self.commit(vec![decision], Vec::new()).await?;
         }
-        let mut request = prompt::build(&self.agent.config.system_prompt, &self.history, Vec::new(), Some(note));
-        prompt::fit(&mut request, usize::try_from(self.agent.config.limits.max_context_chars).unwrap_or(usize::MAX));
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(CLOSING_CALL_SECS);
-        let (response, _) = self.call_model(request, Some(deadline)).await.map_err(|e| match e {
-            // The closing call has its own short deadline; running out again is a failure.
-            Exit::Budget(_) => Exit::Failed(ErrorBody::new("provider_error", "the closing answer timed out")),
-            other => other,
-        })?;
+        let mut request = prompt::build(
+            &self.agent.config.system_prompt,
+            &self.history,
+            Vec::new(),
+            Some(note),
+        );
+        prompt::fit(
+            &mut request,
+            usize::try_from(self.agent.config.limits.max_context_chars).unwrap_or(usize::MAX),
+        );
+        let deadline =
+            tokio::time::Instant::now() + std::time::Duration::from_secs(CLOSING_CALL_SECS);
+        let (response, _) =
+            self.call_model(request, Some(deadline))
+                .await
+                .map_err(|e| match e {
+                    // The closing call has its own short deadline; running out again is a failure.
+                    Exit::Budget(_) => Exit::Failed(ErrorBody::new(
+                        "provider_error",
+                        "the closing answer timed out",
+                    )),
+                    other => other,
+                })?;
         // Whatever the model did, no tool runs now: its text is the answer.
         self.finish_answer(response.text, reason).await
     }
@@ -82,14 +101,18 @@ impl RunActor {
             code: "budget_exhausted".into(),
             detail: format!("{which} reached"),
         };
-        self.close_unanswered("not executed: the run's budget is exhausted").await?;
+        self.close_unanswered("not executed: the run's budget is exhausted")
+            .await?;
         self.commit(vec![feedback], Vec::new()).await?;
         let note = format!(
             "The run's budget ({which}) is exhausted. Do not call tools. Answer the user now from what is known \
              so far, and say plainly what is incomplete."
         );
         loop {
-            match self.finish_without_tools(None, &note, "budget_exhausted").await? {
+            match self
+                .finish_without_tools(None, &note, "budget_exhausted")
+                .await?
+            {
                 Flow::Done => return Ok(()),
                 // A queued follow-up was started; it gets the same treatment.
                 Flow::Continue => continue,
@@ -100,7 +123,8 @@ impl RunActor {
     pub(super) async fn finish_failed(&mut self, error: ErrorBody) -> Result<(), Exit> {
         tracing::warn!(run = %self.run_id, code = %error.code, message = %error.message, "run failed");
         self.state.waiting = None;
-        self.close_unanswered("not executed: the run failed").await?;
+        self.close_unanswered("not executed: the run failed")
+            .await?;
         self.status = RunStatus::Failed;
         let patch = RunPatch {
             status: Some(RunStatus::Failed),
@@ -108,7 +132,8 @@ impl RunActor {
             pending: Some(serde_json::Value::Null),
             ..RunPatch::default()
         };
-        self.commit_patch(vec![EventKind::RunFailed { error }], Vec::new(), patch).await?;
+        self.commit_patch(vec![EventKind::RunFailed { error }], Vec::new(), patch)
+            .await?;
         metrics::counter!("keel_runs_total", "status" => "failed").increment(1);
         Ok(())
     }
@@ -121,14 +146,16 @@ impl RunActor {
             .unwrap_or_default()
             .unwrap_or_else(|| "unknown".into());
         self.state.waiting = None;
-        self.close_unanswered("cancelled before it finished").await?;
+        self.close_unanswered("cancelled before it finished")
+            .await?;
         self.status = RunStatus::Cancelled;
         let patch = RunPatch {
             status: Some(RunStatus::Cancelled),
             pending: Some(serde_json::Value::Null),
             ..RunPatch::default()
         };
-        self.commit_patch(vec![EventKind::RunCancelled { by }], Vec::new(), patch).await?;
+        self.commit_patch(vec![EventKind::RunCancelled { by }], Vec::new(), patch)
+            .await?;
         metrics::counter!("keel_runs_total", "status" => "cancelled").increment(1);
         Ok(())
     }

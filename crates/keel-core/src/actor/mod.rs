@@ -82,9 +82,13 @@ impl RunActor {
         let r = init.record;
         let state = LoopState::from_value(&r.state);
         // Wall time counts from creation, minus time spent waiting for people.
-        let age = (keel_protocol::now() - r.created_at).to_std().unwrap_or_default();
+        let age = (keel_protocol::now() - r.created_at)
+            .to_std()
+            .unwrap_or_default();
         let counted = age.saturating_sub(Duration::from_secs_f64(state.waited_s.max(0.0)));
-        let started = Instant::now().checked_sub(counted).unwrap_or_else(Instant::now);
+        let started = Instant::now()
+            .checked_sub(counted)
+            .unwrap_or_else(Instant::now);
         Self {
             shared: init.shared,
             run_id: r.id,
@@ -197,7 +201,8 @@ impl RunActor {
 
     /// Commits events and messages with the loop's current counters and state.
     async fn commit(&mut self, events: Vec<EventKind>, messages: Vec<Message>) -> Result<(), Exit> {
-        self.commit_patch(events, messages, RunPatch::default()).await
+        self.commit_patch(events, messages, RunPatch::default())
+            .await
     }
 
     async fn commit_status(
@@ -248,10 +253,9 @@ impl RunActor {
 
 /// Calls of the last assistant message with tool calls that no tool message answers.
 pub(crate) fn unanswered(history: &[Message]) -> Vec<ToolCall> {
-    let Some(pos) = history
-        .iter()
-        .rposition(|m| matches!(m, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty()))
-    else {
+    let Some(pos) = history.iter().rposition(
+        |m| matches!(m, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty()),
+    ) else {
         return Vec::new();
     };
     let Message::Assistant { tool_calls, .. } = &history[pos] else {

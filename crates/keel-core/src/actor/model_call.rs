@@ -19,12 +19,17 @@ impl RunActor {
         request: ModelRequest,
         deadline: Option<Instant>,
     ) -> Result<(ModelResponse, Duration), Exit> {
-        debug_assert!(self.unanswered_calls().is_empty(), "every tool call needs a result before the next model call");
+        debug_assert!(
+            self.unanswered_calls().is_empty(),
+            "every tool call needs a result before the next model call"
+        );
         let (tx, mut rx) = futures::channel::mpsc::unbounded::<String>();
         let model = self.agent.model.clone();
         let call = async move { model.complete(&request, Some(tx)).await };
         tokio::pin!(call);
-        let sleep = tokio::time::sleep_until(deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365)));
+        let sleep = tokio::time::sleep_until(
+            deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365)),
+        );
         tokio::pin!(sleep);
         let started = StdInstant::now();
         let mut streamed = 0usize;
@@ -53,9 +58,8 @@ impl RunActor {
         let elapsed = started.elapsed();
         metrics::histogram!("keel_llm_latency_seconds").record(elapsed.as_secs_f64());
         self.usage.llm_calls += 1;
-        let mut response = result.map_err(|e| {
-            Exit::Failed(ErrorBody::new("provider_error", e.to_string()))
-        })?;
+        let mut response =
+            result.map_err(|e| Exit::Failed(ErrorBody::new("provider_error", e.to_string())))?;
         self.usage.prompt_tokens += response.usage.prompt_tokens;
         self.usage.completion_tokens += response.usage.completion_tokens;
         cap_text(&mut response.text);
@@ -76,7 +80,8 @@ impl RunActor {
             text.truncate(cut);
         }
         let n = text.len();
-        self.commit(vec![EventKind::MessageDelta { text }], Vec::new()).await?;
+        self.commit(vec![EventKind::MessageDelta { text }], Vec::new())
+            .await?;
         Ok(n)
     }
 }

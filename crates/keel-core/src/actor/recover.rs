@@ -72,7 +72,11 @@ impl RunActor {
         let mut ids = HashSet::new();
         let mut after = 0;
         loop {
-            let batch = self.shared.store.events_after(&self.run_id, after, 1000).await?;
+            let batch = self
+                .shared
+                .store
+                .events_after(&self.run_id, after, 1000)
+                .await?;
             let Some(last) = batch.last() else {
                 break;
             };

@@ -42,7 +42,10 @@ impl RunActor {
         if tokio::time::Instant::now() >= self.deadline() {
             return Err(Exit::Budget("max_wall_time"));
         }
-        let mut tools = self.shared.tools.schemas_for(&self.agent.config.tools, &self.principal);
+        let mut tools = self
+            .shared
+            .tools
+            .schemas_for(&self.agent.config.tools, &self.principal);
         tools.push(clarify::clarify_schema());
         let request = prompt::build(&self.agent.config.system_prompt, &self.history, tools, None);
         let max_chars = self.agent.config.limits.max_context_chars;
@@ -104,8 +107,11 @@ impl RunActor {
                 CallFlow::Next => {}
                 CallFlow::Wait => {
                     let rest = calls[i + 1..].to_vec();
-                    self.skip_calls(&rest, "not executed: the run is waiting for the user's answer")
-                        .await?;
+                    self.skip_calls(
+                        &rest,
+                        "not executed: the run is waiting for the user's answer",
+                    )
+                    .await?;
                     self.enter_waiting().await?;
                     return Ok(Flow::Continue);
                 }
@@ -121,7 +127,12 @@ impl RunActor {
         if call.name == CLARIFY_TOOL {
             return self.handle_clarify(call).await;
         }
-        let check = check_call(call, &self.shared.tools, &self.agent.config.tools, &self.principal);
+        let check = check_call(
+            call,
+            &self.shared.tools,
+            &self.agent.config.tools,
+            &self.principal,
+        );
         match check {
             CallCheck::Execute { args } => {
                 self.state.repairs.remove(&call.name);
@@ -172,7 +183,12 @@ impl RunActor {
     }
 
     /// Gives a refused call back to the model to repair, within `max_repairs`.
-    async fn repair_turn(&mut self, call: &ToolCall, code: &str, detail: String) -> Result<CallFlow, Exit> {
+    async fn repair_turn(
+        &mut self,
+        call: &ToolCall,
+        code: &str,
+        detail: String,
+    ) -> Result<CallFlow, Exit> {
         let count = {
             let c = self.state.repairs.entry(call.name.clone()).or_insert(0);
             *c += 1;
@@ -183,7 +199,10 @@ impl RunActor {
             code: code.into(),
             detail: detail.clone(),
         };
-        let result = synthetic_result(call, format!("Error ({code}): {detail}. Fix the call and try again."));
+        let result = synthetic_result(
+            call,
+            format!("Error ({code}): {detail}. Fix the call and try again."),
+        );
         self.commit(vec![feedback], vec![result]).await?;
         if count > self.agent.config.limits.max_repairs {
             let note = format!(
@@ -191,7 +210,10 @@ impl RunActor {
                  answer the user directly from what is known and say what could not be done.",
                 call.name
             );
-            return self.finish_without_tools(Some("max_repairs"), &note, "fallback").await.map(|_| CallFlow::Done);
+            return self
+                .finish_without_tools(Some("max_repairs"), &note, "fallback")
+                .await
+                .map(|_| CallFlow::Done);
         }
         Ok(CallFlow::Next)
     }
@@ -211,8 +233,16 @@ impl RunActor {
                     return Ok(CallFlow::Next);
                 };
                 let question = clarify::question_for(&spec, &slots, Some(&req.question));
-                self.hold_for_input(call, WaitKind::Clarify, &spec.name, Value::Object(Default::default()), slots, question, None)
-                    .await
+                self.hold_for_input(
+                    call,
+                    WaitKind::Clarify,
+                    &spec.name,
+                    Value::Object(Default::default()),
+                    slots,
+                    question,
+                    None,
+                )
+                .await
             }
             Err(why) => {
                 let detail = why.to_string();
@@ -223,13 +253,19 @@ impl RunActor {
                 }];
                 let result = synthetic_result(
                     call,
-                    format!("Not asked: {detail}. No tool needs these details; answer the user directly."),
+                    format!(
+                        "Not asked: {detail}. No tool needs these details; answer the user directly."
+                    ),
                 );
                 self.commit(events, vec![result]).await?;
                 let note = "Answer the user's message directly and completely from your own knowledge. \
                             Do not ask questions and do not call tools.";
-                self.finish_without_tools(Some("clarify_without_actionable_tool"), note, "fallback")
-                    .await?;
+                self.finish_without_tools(
+                    Some("clarify_without_actionable_tool"),
+                    note,
+                    "fallback",
+                )
+                .await?;
                 Ok(CallFlow::Done)
             }
         }
@@ -253,8 +289,16 @@ impl RunActor {
             code: "missing_required_arguments".into(),
             detail: format!("`{}` lacks {}", call.name, missing.join(", ")),
         };
-        self.hold_for_input(call, WaitKind::MissingArguments, &spec.name, args, slots, question, Some(feedback))
-            .await
+        self.hold_for_input(
+            call,
+            WaitKind::MissingArguments,
+            &spec.name,
+            args,
+            slots,
+            question,
+            Some(feedback),
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -274,11 +318,16 @@ impl RunActor {
             events.push(EventKind::PolicyDecision {
                 step: self.steps,
                 decision: Decision::Fallback,
-                reason: format!("clarification rounds exhausted ({max_rounds}); answering directly"),
+                reason: format!(
+                    "clarification rounds exhausted ({max_rounds}); answering directly"
+                ),
                 rule: "max_clarify_rounds".into(),
                 call_id: Some(call.id.clone()),
             });
-            let result = synthetic_result(call, format!("Not executed: still missing {}", slots.join(", ")));
+            let result = synthetic_result(
+                call,
+                format!("Not executed: still missing {}", slots.join(", ")),
+            );
             self.commit(events, vec![result]).await?;
             let note = format!(
                 "`{tool}` cannot run because the user has not given: {}. Tell the user exactly what is missing \
@@ -327,8 +376,13 @@ impl RunActor {
             missing_slots: w.slots.clone(),
             round: w.round,
         };
-        self.commit_status(vec![event], Vec::new(), RunStatus::WaitingInput, Some(w.pending()))
-            .await
+        self.commit_status(
+            vec![event],
+            Vec::new(),
+            RunStatus::WaitingInput,
+            Some(w.pending()),
+        )
+        .await
     }
 
     /// The user's answer to a pending clarification.
@@ -336,10 +390,15 @@ impl RunActor {
         let Some(w) = self.state.waiting.take() else {
             return Ok(Flow::Continue);
         };
-        self.commit_status(Vec::new(), Vec::new(), RunStatus::Running, None).await?;
+        self.commit_status(Vec::new(), Vec::new(), RunStatus::Running, None)
+            .await?;
         let call = ToolCall {
             id: w.call_id.clone(),
-            name: if w.kind == WaitKind::Clarify { CLARIFY_TOOL.into() } else { w.tool.clone() },
+            name: if w.kind == WaitKind::Clarify {
+                CLARIFY_TOOL.into()
+            } else {
+                w.tool.clone()
+            },
             arguments: String::new(),
         };
         let merged = match w.kind {
@@ -352,7 +411,10 @@ impl RunActor {
         };
         let flow = match merged {
             Some(args) => {
-                let call = ToolCall { arguments: args.to_string(), ..call };
+                let call = ToolCall {
+                    arguments: args.to_string(),
+                    ..call
+                };
                 self.process_call(&call).await?
             }
             None => {
@@ -425,7 +487,11 @@ impl RunActor {
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let max_chars = self.agent.config.limits.max_tool_output_chars;
         let (ok, output, error) = match outcome {
-            Ok(out) if out.is_error => (false, out.content, Some("the tool reported an error".to_owned())),
+            Ok(out) if out.is_error => (
+                false,
+                out.content,
+                Some("the tool reported an error".to_owned()),
+            ),
             Ok(out) => (true, out.content, None),
             Err(e) => (false, String::new(), Some(e.to_string())),
         };
@@ -512,5 +578,6 @@ fn truncate_output(mut s: String, max_chars: usize) -> String {
 
 fn record_overhead(started: StdInstant, outside: std::time::Duration) {
     let total = started.elapsed();
-    metrics::histogram!("keel_step_overhead_seconds").record(total.saturating_sub(outside).as_secs_f64());
+    metrics::histogram!("keel_step_overhead_seconds")
+        .record(total.saturating_sub(outside).as_secs_f64());
 }

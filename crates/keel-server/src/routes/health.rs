@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde_json::json;
 
-use crate::{AppState, ApiError};
+use crate::{ApiError, AppState};
 
 pub async fn healthz() -> impl IntoResponse {
     Json(json!({"status": "ok"}))
@@ -12,7 +12,10 @@ pub async fn healthz() -> impl IntoResponse {
 
 pub async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     match s.runtime.store().ping().await {
-        Ok(()) => (StatusCode::OK, Json(json!({"status": "ready", "checks": {"store": "ok"}}))),
+        Ok(()) => (
+            StatusCode::OK,
+            Json(json!({"status": "ready", "checks": {"store": "ok"}})),
+        ),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "not_ready", "checks": {"store": e.to_string()}})),
@@ -23,7 +26,10 @@ pub async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
 pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     metrics::gauge!("keel_active_runs").set(s.runtime.active_runs() as f64);
     (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
         s.metrics.render(),
     )
 }

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::from_core;
-use crate::{AppState, ApiError, sse};
+use crate::{ApiError, AppState, sse};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -60,7 +60,11 @@ pub async fn create(
         idempotency_key: body.idempotency_key,
         metadata: body.metadata.map(Value::Object).unwrap_or(Value::Null),
     };
-    let run = s.runtime.start_run(&p, req).await.map_err(|e| from_core(e, "agent"))?;
+    let run = s
+        .runtime
+        .start_run(&p, req)
+        .await
+        .map_err(|e| from_core(e, "agent"))?;
     if wants_stream(&headers, &q) {
         return Ok(sse::stream(s.runtime.clone(), run.id, 0).into_response());
     }
@@ -121,7 +125,11 @@ pub async fn list(
         None | Some("") => 20,
         Some(v) => match v.parse::<u32>() {
             Ok(n) if (1..=100).contains(&n) => n,
-            _ => return Err(ApiError::bad_request(format!("limit: `{v}` is not a number from 1 to 100"))),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "limit: `{v}` is not a number from 1 to 100"
+                )));
+            }
         },
     };
     let filter = RunFilter {
@@ -130,13 +138,19 @@ pub async fn list(
         limit,
         cursor: q.cursor.filter(|c| !c.is_empty()),
     };
-    let page = s.runtime.list_runs(&p.tenant, &filter).await.map_err(|e| match e {
-        keel_core::CoreError::Store(keel_protocol::StoreError::Conflict(m)) => {
-            ApiError::bad_request(format!("cursor: {m}"))
-        }
-        other => from_core(other, "run"),
-    })?;
-    Ok(Json(json!({"runs": page.runs, "next_cursor": page.next_cursor})))
+    let page = s
+        .runtime
+        .list_runs(&p.tenant, &filter)
+        .await
+        .map_err(|e| match e {
+            keel_core::CoreError::Store(keel_protocol::StoreError::Conflict(m)) => {
+                ApiError::bad_request(format!("cursor: {m}"))
+            }
+            other => from_core(other, "run"),
+        })?;
+    Ok(Json(
+        json!({"runs": page.runs, "next_cursor": page.next_cursor}),
+    ))
 }
 
 pub async fn events(
@@ -146,12 +160,18 @@ pub async fn events(
     Query(q): Query<StreamQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let run = s.runtime.get_run(&p.tenant, &id).await.map_err(|e| from_core(e, "run"))?;
+    let run = s
+        .runtime
+        .get_run(&p.tenant, &id)
+        .await
+        .map_err(|e| from_core(e, "run"))?;
     let header_after = headers.get("last-event-id").and_then(|v| v.to_str().ok());
     let after = match header_after.or(q.after.as_deref()) {
         None | Some("") => 0,
         Some(v) => v.trim().parse::<u64>().map_err(|_| {
-            ApiError::bad_request(format!("Last-Event-ID/after: `{v}` is not an event sequence number"))
+            ApiError::bad_request(format!(
+                "Last-Event-ID/after: `{v}` is not an event sequence number"
+            ))
         })?,
     };
     Ok(sse::stream(s.runtime.clone(), run.id, after).into_response())
@@ -187,7 +207,10 @@ pub async fn input(
     JsonBody(body): JsonBody<TextBody>,
 ) -> Result<impl IntoResponse, ApiError> {
     let text = text_of(body)?;
-    s.runtime.input(&p.tenant, &id, text).await.map_err(|e| from_core(e, "run"))?;
+    s.runtime
+        .input(&p.tenant, &id, text)
+        .await
+        .map_err(|e| from_core(e, "run"))?;
     Ok(accepted())
 }
 
@@ -198,7 +221,10 @@ pub async fn steer(
     JsonBody(body): JsonBody<TextBody>,
 ) -> Result<impl IntoResponse, ApiError> {
     let text = text_of(body)?;
-    s.runtime.steer(&p.tenant, &id, text).await.map_err(|e| from_core(e, "run"))?;
+    s.runtime
+        .steer(&p.tenant, &id, text)
+        .await
+        .map_err(|e| from_core(e, "run"))?;
     Ok(accepted())
 }
 
@@ -209,7 +235,10 @@ pub async fn follow_up(
     JsonBody(body): JsonBody<TextBody>,
 ) -> Result<impl IntoResponse, ApiError> {
     let text = text_of(body)?;
-    s.runtime.follow_up(&p.tenant, &id, text).await.map_err(|e| from_core(e, "run"))?;
+    s.runtime
+        .follow_up(&p.tenant, &id, text)
+        .await
+        .map_err(|e| from_core(e, "run"))?;
     Ok(accepted())
 }
 

@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 
 use crate::auth::Caller;
 use crate::error::from_core;
-use crate::{AppState, ApiError};
+use crate::{ApiError, AppState};
 
 pub async fn get(
     State(s): State<AppState>,

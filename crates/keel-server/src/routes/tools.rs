@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use crate::auth::Caller;
 use crate::error::from_core;
-use crate::{AppState, ApiError};
+use crate::{ApiError, AppState};
 
 #[derive(Deserialize)]
 pub struct ToolsQuery {

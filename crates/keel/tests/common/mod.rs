@@ -198,7 +198,10 @@ impl Keel {
         let resp = r.send().await.unwrap();
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn post_raw(&self, path: &str, body: Vec<u8>, key: Option<&str>) -> (u16, Value) {
@@ -213,7 +216,10 @@ impl Keel {
         let resp = r.send().await.unwrap();
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
@@ -224,12 +230,17 @@ impl Keel {
         let resp = r.send().await.unwrap();
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     /// Starts a run and returns its id.
     pub async fn start_run(&self, input: &str, key: Option<&str>) -> String {
-        let (status, body) = self.post("/ai/runs", serde_json::json!({"input": input}), key).await;
+        let (status, body) = self
+            .post("/ai/runs", serde_json::json!({"input": input}), key)
+            .await;
         assert_eq!(status, 201, "{body}");
         body["id"].as_str().unwrap().to_owned()
     }
@@ -246,7 +257,9 @@ impl Keel {
         key: Option<&str>,
         until: impl Fn(&Frame) -> bool,
     ) -> Vec<Frame> {
-        let mut r = self.http.get(self.url(&format!("/ai/runs/{run_id}/events")));
+        let mut r = self
+            .http
+            .get(self.url(&format!("/ai/runs/{run_id}/events")));
         if let Some(a) = after {
             r = r.header("Last-Event-ID", a.to_string());
         }
@@ -278,7 +291,11 @@ impl Keel {
 pub fn assert_gap_free(frames: &[Frame], first: u64) {
     for (i, f) in frames.iter().enumerate() {
         let expected = first + i as u64;
-        assert_eq!(f.id, expected, "frame {i} has id {} (expected {expected})", f.id);
+        assert_eq!(
+            f.id, expected,
+            "frame {i} has id {} (expected {expected})",
+            f.id
+        );
         assert_eq!(f.data["seq"], expected);
         assert_eq!(f.data["type"], f.event);
         assert!(f.data["run_id"].is_string());

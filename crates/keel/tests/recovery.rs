@@ -1,0 +1,156 @@
+//! A crash loses nothing: `keel serve` killed with -9 resumes its runs on restart.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Env, Keel, assert_gap_free};
+use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
+use keel_test_support::tool_server::ToolServer;
+use serde_json::json;
+
+#[tokio::test]
+async fn run_killed_mid_model_call_completes_after_restart() {
+    // The first answer arrives after the crash; the restarted node asks again.
+    let model = FakeOpenAi::start(Script::queue(vec![
+        Reply::tool_call("furnace_status", json!({"furnace_id": "F1"})),
+        Reply::text("never delivered").after(Duration::from_secs(20)),
+        Reply::text("F1 is running."),
+    ]))
+    .await;
+    let tools = ToolServer::start().await;
+    let mut keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
+    let id = keel.start_run("How is F1?", None).await;
+    keel.events_until(&id, None, None, |f| f.event == "tool_result")
+        .await;
+    for _ in 0..200 {
+        if model.request_count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    keel.kill9().await;
+    keel.restart().await;
+    let run = keel.wait_status(&id, "completed", None).await;
+    assert_eq!(run["output"], "F1 is running.");
+    assert_eq!(
+        tools.count("furnace"),
+        1,
+        "the finished step is not repeated"
+    );
+    let frames = keel.events(&id, None, None).await;
+    assert_gap_free(&frames, 1);
+    assert_eq!(
+        frames.iter().filter(|f| f.event == "run_started").count(),
+        1
+    );
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+#[tokio::test]
+async fn non_idempotent_call_in_flight_is_not_rerun_and_the_model_is_told() {
+    let model = FakeOpenAi::start(Script::queue(vec![
+        Reply::tool_call("slow_op", json!({"ms": 3000})),
+        Reply::text("The slow operation's outcome is unknown; please check it."),
+    ]))
+    .await;
+    let tools = ToolServer::start().await;
+    let mut keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
+    let id = keel.start_run("Do the slow thing", None).await;
+    keel.events_until(&id, None, None, |f| f.event == "tool_call")
+        .await;
+    keel.kill9().await;
+    keel.restart().await;
+    let run = keel.wait_status(&id, "completed", None).await;
+    assert_eq!(
+        run["output"],
+        "The slow operation's outcome is unknown; please check it."
+    );
+    assert_eq!(
+        tools.count("slow_started"),
+        1,
+        "slow_op is not idempotent: never re-run"
+    );
+    let frames = keel.events(&id, None, None).await;
+    assert_gap_free(&frames, 1);
+    let result = frames.iter().find(|f| f.event == "tool_result").unwrap();
+    assert_eq!(result.data["ok"], false);
+    assert!(result.data["error"].as_str().unwrap().contains("unknown"));
+    let last_req = model.requests().last().unwrap().clone();
+    let tool_msg = last_req["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .unwrap()
+        .clone();
+    assert!(
+        tool_msg["content"].as_str().unwrap().contains("unknown"),
+        "{tool_msg}"
+    );
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+#[tokio::test]
+async fn idempotent_call_in_flight_is_rerun_after_restart() {
+    let model = FakeOpenAi::start(Script::queue(vec![
+        Reply::tool_calls(vec![
+            ("slow_op", json!({"ms": 1})),
+            ("furnace_status", json!({"furnace_id": "F5"})),
+        ]),
+        Reply::text("F5 checked."),
+    ]))
+    .await;
+    let tools = ToolServer::start().await;
+    let mut keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
+    let id = keel.start_run("Check F5", None).await;
+    // Kill right after the furnace call started; it may or may not have answered.
+    keel.events_until(&id, None, None, |f| {
+        f.event == "tool_call" && f.data["tool"] == "furnace_status"
+    })
+    .await;
+    keel.kill9().await;
+    keel.restart().await;
+    let run = keel.wait_status(&id, "completed", None).await;
+    assert_eq!(run["output"], "F5 checked.");
+    assert!(tools.count("furnace") >= 1);
+    let frames = keel.events(&id, None, None).await;
+    assert_gap_free(&frames, 1);
+    let furnace_results = frames
+        .iter()
+        .filter(|f| f.event == "tool_result" && f.data["tool"] == "furnace_status")
+        .count();
+    assert_eq!(furnace_results, 1, "exactly one result for the call");
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+#[tokio::test]
+async fn a_run_waiting_for_input_still_waits_after_a_crash() {
+    let model = FakeOpenAi::start(Script::queue(vec![
+        Reply::tool_call("furnace_status", json!({})),
+        Reply::text("F8 is running."),
+    ]))
+    .await;
+    let tools = ToolServer::start().await;
+    let mut keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
+    let id = keel.start_run("How is the furnace?", None).await;
+    keel.wait_status(&id, "waiting_input", None).await;
+    keel.kill9().await;
+    keel.restart().await;
+    let run = keel.wait_status(&id, "waiting_input", None).await;
+    assert_eq!(run["pending"]["missing_slots"], json!(["furnace_id"]));
+    let (code, _) = keel
+        .post(&format!("/ai/runs/{id}/input"), json!({"text": "F8"}), None)
+        .await;
+    assert_eq!(code, 202);
+    let run = keel.wait_status(&id, "completed", None).await;
+    assert_eq!(run["output"], "F8 is running.");
+    assert_eq!(
+        tools.calls(),
+        vec![("furnace".to_owned(), json!({"furnace_id": "F8"}))]
+    );
+    let frames = keel.events(&id, None, None).await;
+    assert_gap_free(&frames, 1);
+}
