@@ -17,7 +17,10 @@ pub use message::{Message, ToolCall};
 pub use model::{ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolSchema};
 pub use principal::Principal;
 pub use run::{ErrorBody, RunRecord, RunStatus, Usage};
-pub use store::{Commit, NewRun, RunFilter, RunPage, RunPatch, Store, StoreError};
+pub use store::{
+    ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, NewRun, RunFilter, RunPage, RunPatch,
+    Store, StoreError,
+};
 pub use tool::{Risk, Tool, ToolContext, ToolError, ToolOutput, ToolSource, ToolSpec};
 
 /// Current time, as every timestamp in keel is written.

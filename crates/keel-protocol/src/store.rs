@@ -48,11 +48,16 @@ pub struct Commit {
     pub events: Vec<EventKind>,
     pub messages: Vec<Message>,
     pub patch: Option<RunPatch>,
+    /// Approvals to create (status `Pending`), in the same transaction.
+    pub approvals: Vec<ApprovalRecord>,
 }
 
 impl Commit {
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty() && self.messages.is_empty() && self.patch.is_none()
+        self.events.is_empty()
+            && self.messages.is_empty()
+            && self.patch.is_none()
+            && self.approvals.is_empty()
     }
 }
 
@@ -72,7 +77,7 @@ pub struct RunPage {
 }
 
 #[async_trait::async_trait]
-pub trait Store: Send + Sync {
+pub trait Store: ApprovalStore + Send + Sync {
     /// Creates a run (and its session when new). With an idempotency key that
     /// was used before by the same tenant, returns the existing run and `false`.
     async fn create_run(&self, run: NewRun) -> Result<(RunRecord, bool), StoreError>;
@@ -109,4 +114,87 @@ pub trait Store: Send + Sync {
 
     /// Cheap round trip for `/readyz`.
     async fn ping(&self) -> Result<(), StoreError>;
+}
+
+/// A human decision a run waits for (SPEC §4.7). It binds the exact tool and
+/// arguments: anything else needs a new approval.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ApprovalRecord {
+    pub id: String,
+    pub tenant: String,
+    pub run_id: String,
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+    pub risk: String,
+    pub reason: String,
+    pub status: ApprovalStatus,
+    pub decided_by: Option<String>,
+    pub decision_reason: Option<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub decided_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    Pending,
+    Approved,
+    Denied,
+    /// Not decided before `expires_at`; treated as a denial.
+    Expired,
+}
+
+impl ApprovalStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Approved => "approved",
+            Self::Denied => "denied",
+            Self::Expired => "expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => Self::Pending,
+            "approved" => Self::Approved,
+            "denied" => Self::Denied,
+            "expired" => Self::Expired,
+            _ => return None,
+        })
+    }
+}
+
+/// Approval storage, part of every store. Approvals are created inside a
+/// [`Commit`] (`Commit::approvals`), atomically with the run's status change.
+#[async_trait::async_trait]
+pub trait ApprovalStore: Send + Sync {
+    /// An approval of this tenant; another tenant's is `None`.
+    async fn get_approval(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<ApprovalRecord>, StoreError>;
+
+    /// This tenant's approvals, oldest first, optionally by status, at most `limit`.
+    async fn list_approvals(
+        &self,
+        tenant: &str,
+        status: Option<ApprovalStatus>,
+        limit: u32,
+    ) -> Result<Vec<ApprovalRecord>, StoreError>;
+
+    /// Decides a pending approval (`Approved`, `Denied` or `Expired`). Exactly
+    /// one decision wins: deciding an approval that is no longer pending is
+    /// `StoreError::Conflict`; another tenant's is `NotFound`.
+    async fn decide_approval(
+        &self,
+        tenant: &str,
+        id: &str,
+        decision: ApprovalStatus,
+        by: &str,
+        reason: &str,
+    ) -> Result<ApprovalRecord, StoreError>;
 }

@@ -41,6 +41,7 @@ async fn data_survives_reopen() {
         .commit(
             &run.id,
             Commit {
+                approvals: Vec::new(),
                 events: vec![
                     EventKind::MessageDelta { text: "hi".into() },
                     EventKind::Final {
@@ -162,6 +163,7 @@ async fn a_failed_request_does_not_spoil_its_batch() {
         };
         handles.push(tokio::spawn(async move {
             let commit = Commit {
+                approvals: Vec::new(),
                 events: vec![EventKind::MessageDelta {
                     text: i.to_string(),
                 }],

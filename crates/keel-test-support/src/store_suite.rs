@@ -74,6 +74,7 @@ fn messages_only(messages: Vec<Message>) -> Commit {
 
 fn patch_only(patch: RunPatch) -> Commit {
     Commit {
+        approvals: Vec::new(),
         patch: Some(patch),
         ..Commit::default()
     }
@@ -322,6 +323,7 @@ pub async fn commit_numbers_events(store: &Arc<dyn Store>) {
         .commit(
             &run.id,
             Commit {
+                approvals: Vec::new(),
                 events: kinds.clone(),
                 ..Commit::default()
             },
@@ -346,6 +348,7 @@ pub async fn commit_numbers_events(store: &Arc<dyn Store>) {
         .commit(
             &run.id,
             Commit {
+                approvals: Vec::new(),
                 events: vec![delta("a"), delta("b")],
                 messages: vec![Message::user("m")],
                 patch: None,
@@ -366,6 +369,7 @@ pub async fn commit_numbers_events(store: &Arc<dyn Store>) {
         .commit(
             &other.id,
             Commit {
+                approvals: Vec::new(),
                 events: vec![delta("x")],
                 ..Commit::default()
             },
@@ -408,6 +412,7 @@ pub async fn commit_numbers_events(store: &Arc<dyn Store>) {
 
 pub async fn commit_to_unknown_run_is_not_found(store: &Arc<dyn Store>) {
     let commit = Commit {
+        approvals: Vec::new(),
         events: vec![delta("x")],
         messages: vec![Message::user("x")],
         patch: Some(RunPatch {
@@ -430,6 +435,7 @@ pub async fn concurrent_commits_are_gap_free(store: &Arc<dyn Store>, tasks: u32)
         let run_id = run.id.clone();
         handles.push(tokio::spawn(async move {
             let commit = Commit {
+                approvals: Vec::new(),
                 events: (0..3).map(|i| delta(&format!("{t}/{i}"))).collect(),
                 messages: vec![Message::user(format!("message {t}"))],
                 patch: Some(RunPatch {
@@ -562,6 +568,7 @@ pub async fn patch_semantics(store: &Arc<dyn Store>) {
         .commit(
             &run.id,
             Commit {
+                approvals: Vec::new(),
                 events: vec![EventKind::RunFailed {
                     error: error.clone(),
                 }],

@@ -234,6 +234,7 @@ impl RunActor {
             events,
             messages: messages.clone(),
             patch: Some(patch),
+            approvals: Vec::new(),
         };
         let published = self.shared.store.commit(&self.run_id, commit).await?;
         self.history.extend(messages);

@@ -10,7 +10,10 @@ use keel_protocol::StoreError;
 use super::codec::db;
 
 /// Migration `i` brings the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/sqlite/0001_init.sql"),
+    include_str!("../../migrations/sqlite/0002_approvals.sql"),
+];
 
 /// The schema version this build writes.
 pub(super) fn latest_version() -> i64 {

@@ -1,6 +1,7 @@
 //! The SQLite store: one writer thread with group commit, a pool of
 //! read-only connections, WAL so that reads never wait for writes.
 
+mod approvals;
 mod codec;
 mod migrate;
 mod pool;
@@ -15,7 +16,8 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use keel_protocol::{
-    Commit, Event, Message, NewRun, RunFilter, RunPage, RunRecord, Store, StoreError,
+    ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, Event, Message, NewRun, RunFilter,
+    RunPage, RunRecord, Store, StoreError,
 };
 
 use codec::db;
@@ -153,5 +155,51 @@ impl Store for SqliteStore {
             return Err(StoreError::Backend("store writer has stopped".into()));
         }
         self.readers.run(reads::ping).await
+    }
+}
+
+#[async_trait::async_trait]
+impl ApprovalStore for SqliteStore {
+    async fn get_approval(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<ApprovalRecord>, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.readers
+            .run(move |conn| approvals::get(conn, &tenant, &id))
+            .await
+    }
+
+    async fn list_approvals(
+        &self,
+        tenant: &str,
+        status: Option<ApprovalStatus>,
+        limit: u32,
+    ) -> Result<Vec<ApprovalRecord>, StoreError> {
+        let tenant = tenant.to_owned();
+        self.readers
+            .run(move |conn| approvals::list(conn, &tenant, status, limit))
+            .await
+    }
+
+    async fn decide_approval(
+        &self,
+        tenant: &str,
+        id: &str,
+        decision: ApprovalStatus,
+        by: &str,
+        reason: &str,
+    ) -> Result<ApprovalRecord, StoreError> {
+        self.writer
+            .submit(|reply| WriteOp::Decide {
+                tenant: tenant.to_owned(),
+                id: id.to_owned(),
+                decision,
+                by: by.to_owned(),
+                reason: reason.to_owned(),
+                reply,
+            })
+            .await
     }
 }

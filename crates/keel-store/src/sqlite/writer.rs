@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use rusqlite::{Connection, Savepoint, Transaction, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
-use keel_protocol::{Commit, Event, NewRun, RunRecord, StoreError};
+use keel_protocol::{ApprovalRecord, ApprovalStatus, Commit, Event, NewRun, RunRecord, StoreError};
 
 use super::writes;
 
@@ -33,6 +33,14 @@ pub(super) enum WriteOp {
         commit: Commit,
         reply: Reply<Vec<Event>>,
     },
+    Decide {
+        tenant: String,
+        id: String,
+        decision: ApprovalStatus,
+        by: String,
+        reason: String,
+        reply: Reply<ApprovalRecord>,
+    },
 }
 
 /// A request that has been applied (or refused) inside the open transaction;
@@ -44,6 +52,10 @@ enum Applied {
         Box<Result<(RunRecord, bool), StoreError>>,
     ),
     Commit(Reply<Vec<Event>>, Result<Vec<Event>, StoreError>),
+    Decide(
+        Reply<ApprovalRecord>,
+        Box<Result<ApprovalRecord, StoreError>>,
+    ),
 }
 
 impl Applied {
@@ -52,6 +64,7 @@ impl Applied {
         match self {
             Self::CreateRun(reply, result) => drop(reply.send(*result)),
             Self::Commit(reply, result) => drop(reply.send(result)),
+            Self::Decide(reply, result) => drop(reply.send(*result)),
         }
     }
 
@@ -60,6 +73,7 @@ impl Applied {
         match self {
             Self::CreateRun(reply, _) => drop(reply.send(backend(message))),
             Self::Commit(reply, _) => drop(reply.send(backend(message))),
+            Self::Decide(reply, _) => drop(reply.send(backend(message))),
         }
     }
 }
@@ -69,6 +83,7 @@ impl WriteOp {
         match self {
             Self::CreateRun { reply, .. } => drop(reply.send(backend(message))),
             Self::Commit { reply, .. } => drop(reply.send(backend(message))),
+            Self::Decide { reply, .. } => drop(reply.send(backend(message))),
         }
     }
 }
@@ -194,6 +209,9 @@ fn apply_one(tx: &mut Transaction<'_>, op: WriteOp) -> (Applied, Option<String>)
                     Applied::CreateRun(reply, Box::new(backend(&message)))
                 }
                 WriteOp::Commit { reply, .. } => Applied::Commit(reply, backend(&message)),
+                WriteOp::Decide { reply, .. } => {
+                    Applied::Decide(reply, Box::new(backend(&message)))
+                }
             };
             return (applied, Some(message));
         }
@@ -212,6 +230,18 @@ fn apply_one(tx: &mut Transaction<'_>, op: WriteOp) -> (Applied, Option<String>)
             let result = writes::commit(&sp, &run_id, commit);
             let (result, failure) = settle(sp, result);
             (Applied::Commit(reply, result), failure)
+        }
+        WriteOp::Decide {
+            tenant,
+            id,
+            decision,
+            by,
+            reason,
+            reply,
+        } => {
+            let result = super::approvals::decide(&sp, &tenant, &id, decision, &by, &reason);
+            let (result, failure) = settle(sp, result);
+            (Applied::Decide(reply, Box::new(result)), failure)
         }
     }
 }

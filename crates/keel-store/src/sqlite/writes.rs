@@ -147,6 +147,10 @@ pub(super) fn commit(
         }
     }
 
+    for approval in &commit.approvals {
+        super::approvals::insert(conn, approval)?;
+    }
+
     let patch = commit.patch.unwrap_or_default();
     // `pending` has three states (keep, clear, set), hence the flag next to the value.
     let (set_pending, pending) = match &patch.pending {
