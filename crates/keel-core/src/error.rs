@@ -8,6 +8,8 @@ pub enum CoreError {
     Conflict(String),
     #[error("{0}")]
     BadRequest(String),
+    #[error("{0}")]
+    Forbidden(String),
     #[error("configuration: {0}")]
     Config(String),
     #[error("store: {0}")]

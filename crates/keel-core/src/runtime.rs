@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use keel_protocol::{
-    Event, Message, NewRun, Principal, RunFilter, RunPage, RunRecord, RunStatus, Store, ToolSpec,
+    ApprovalRecord, ApprovalStatus, Event, Message, NewRun, Principal, RunFilter, RunPage,
+    RunRecord, RunStatus, Store, ToolSpec,
 };
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
@@ -25,6 +26,26 @@ pub(crate) enum Command {
     Input(String),
     Steer(String),
     FollowUp(String),
+    /// An approval of this run was decided; the run re-reads it from the store.
+    ApprovalDecided,
+}
+
+/// Settings of the runtime as a whole.
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    /// Roles allowed to decide approvals; empty = any principal of the tenant.
+    pub approver_roles: Vec<String>,
+    /// Undecided approvals expire (a denial) after this long.
+    pub approval_timeout: std::time::Duration,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        Self {
+            approver_roles: Vec::new(),
+            approval_timeout: std::time::Duration::from_secs(3600),
+        }
+    }
 }
 
 struct Handle {
@@ -37,6 +58,7 @@ pub(crate) struct Shared {
     pub store: Arc<dyn Store>,
     pub bus: EventBus,
     pub tools: Arc<ToolSet>,
+    pub options: RuntimeOptions,
     agents: HashMap<String, AgentRuntime>,
     default_agent: String,
     active: Mutex<HashMap<String, Handle>>,
@@ -74,6 +96,7 @@ impl Runtime {
         tools: ToolSet,
         agents: Vec<AgentRuntime>,
         default_agent: &str,
+        options: RuntimeOptions,
     ) -> Result<Self, CoreError> {
         let agents: HashMap<String, AgentRuntime> = agents
             .into_iter()
@@ -89,6 +112,7 @@ impl Runtime {
                 store,
                 bus: EventBus::new(),
                 tools: Arc::new(tools),
+                options,
                 agents,
                 default_agent: default_agent.to_owned(),
                 active: Mutex::new(HashMap::new()),
@@ -211,6 +235,66 @@ impl Runtime {
             h.cancel.cancel();
         }
         Ok(())
+    }
+
+    /// This tenant's approvals, optionally by status.
+    pub async fn list_approvals(
+        &self,
+        tenant: &str,
+        status: Option<ApprovalStatus>,
+        limit: u32,
+    ) -> Result<Vec<ApprovalRecord>, CoreError> {
+        Ok(self
+            .shared
+            .store
+            .list_approvals(tenant, status, limit)
+            .await?)
+    }
+
+    /// Decides an approval. Only approver roles may; another tenant's is not found;
+    /// a decided one is a conflict. The waiting run resumes wherever it lives.
+    pub async fn decide_approval(
+        &self,
+        principal: &Principal,
+        id: &str,
+        approve: bool,
+        reason: &str,
+    ) -> Result<ApprovalRecord, CoreError> {
+        let existing = self
+            .shared
+            .store
+            .get_approval(&principal.tenant, id)
+            .await?
+            .ok_or(CoreError::NotFound)?;
+        let roles = &self.shared.options.approver_roles;
+        if !roles.is_empty() && !principal.has_any_role(roles) {
+            return Err(CoreError::Forbidden(format!(
+                "deciding approvals needs one of the roles {}",
+                roles.join(", ")
+            )));
+        }
+        let decision = if approve {
+            ApprovalStatus::Approved
+        } else {
+            ApprovalStatus::Denied
+        };
+        let record = self
+            .shared
+            .store
+            .decide_approval(&principal.tenant, id, decision, &principal.id, reason)
+            .await
+            .map_err(|e| match e {
+                keel_protocol::StoreError::Conflict(m) => CoreError::Conflict(m),
+                keel_protocol::StoreError::NotFound => CoreError::NotFound,
+                other => CoreError::Store(other),
+            })?;
+        if let Ok(run) = self.get_run(&principal.tenant, &existing.run_id).await
+            && !run.status.is_terminal()
+        {
+            // The run may live in another process; it also polls the store.
+            let _ = self.send(&run, Command::ApprovalDecided);
+        }
+        Ok(record)
     }
 
     /// Live events of a run. Subscribe before reading the stored backlog, so

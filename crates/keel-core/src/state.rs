@@ -17,6 +17,8 @@ pub struct LoopState {
     pub follow_ups: VecDeque<String>,
     #[serde(default)]
     pub waiting: Option<Waiting>,
+    #[serde(default)]
+    pub awaiting_approval: Option<AwaitingApproval>,
     /// Seconds the run spent waiting for people; excluded from `max_wall_time`.
     #[serde(default)]
     pub waited_s: f64,
@@ -64,6 +66,33 @@ impl Waiting {
             "tool": self.tool,
             "missing_slots": self.slots,
             "round": self.round,
+        })
+    }
+}
+
+/// A call held until a person approves or denies it. It binds the exact
+/// tool and arguments that were shown to the approver.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AwaitingApproval {
+    pub approval_id: String,
+    pub step: u32,
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl AwaitingApproval {
+    /// The run's public `pending` field.
+    pub fn pending(&self, risk: &str, reason: &str) -> Value {
+        json!({
+            "type": "approval",
+            "approval_id": self.approval_id,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "risk": risk,
+            "reason": reason,
+            "expires_at": self.expires_at,
         })
     }
 }

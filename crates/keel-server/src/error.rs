@@ -53,6 +53,7 @@ pub fn from_core(e: CoreError, what: &str) -> ApiError {
         CoreError::NotFound => ApiError::not_found(what),
         CoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
         CoreError::BadRequest(m) => ApiError::bad_request(m),
+        CoreError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", m),
         CoreError::Config(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "config_error", m),
         CoreError::Store(e) => {
             tracing::error!(error = %e, "store error while serving a request");

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use keel_config::{Config, Env, ProcessEnv, ProviderKind};
-use keel_core::{AgentRuntime, Runtime, ToolSet};
+use keel_core::{AgentRuntime, Runtime, RuntimeOptions, ToolSet};
 use keel_protocol::{ModelClient, Principal, Store};
 use keel_providers::openai::{OpenAiClient, OpenAiSettings};
 use keel_store::SqliteStore;
@@ -190,7 +190,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         .await
         .context("loading tools")?;
     let toolset = ToolSet::new(tools.tools.clone()).context("registering tools")?;
-    let runtime = Runtime::new(store, toolset, agents, &default_agent)?;
+    let options = RuntimeOptions {
+        approver_roles: config.auth.approver_roles.clone(),
+        ..RuntimeOptions::default()
+    };
+    let runtime = Runtime::new(store, toolset, agents, &default_agent, options)?;
     let mut keys = Vec::new();
     for (i, k) in config.auth.keys.iter().enumerate() {
         let Some(value) = env.var(&k.key_env).filter(|v| !v.is_empty()) else {

@@ -2,6 +2,7 @@
 //! check a configuration file.
 
 mod app;
+mod approvals_cmd;
 mod check;
 mod run_cmd;
 mod serve;
@@ -45,6 +46,43 @@ enum Command {
     },
     /// Validate a configuration file and print every problem found.
     Check,
+    /// List and decide human approvals on a running keel.
+    Approvals {
+        #[command(subcommand)]
+        action: ApprovalAction,
+        /// keel's base URL.
+        #[arg(
+            long,
+            env = "KEEL_URL",
+            default_value = "http://127.0.0.1:8780",
+            global = true
+        )]
+        url: String,
+        /// API key (when the server has keys configured).
+        #[arg(long, env = "KEEL_API_KEY", global = true)]
+        key: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ApprovalAction {
+    /// List approvals (pending by default).
+    List {
+        #[arg(long, default_value = "pending")]
+        status: String,
+    },
+    /// Approve one: the waiting run executes exactly the call shown.
+    Approve {
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Deny one: the call never runs and the model is told.
+    Deny {
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -70,6 +108,18 @@ fn main() -> std::process::ExitCode {
                 json,
             } => run_cmd::run(cli.config.as_deref(), question, agent, session, json).await,
             Command::Check => check::check(cli.config.as_deref()),
+            Command::Approvals { action, url, key } => {
+                let target = approvals_cmd::Target { url, key };
+                match action {
+                    ApprovalAction::List { status } => approvals_cmd::list(&target, &status).await,
+                    ApprovalAction::Approve { id, reason } => {
+                        approvals_cmd::decide(&target, &id, true, &reason).await
+                    }
+                    ApprovalAction::Deny { id, reason } => {
+                        approvals_cmd::decide(&target, &id, false, &reason).await
+                    }
+                }
+            }
         }
     });
     match result {

@@ -5,6 +5,7 @@
 //! and every tool call gets exactly one result in the history, whatever
 //! happens to it (executed, refused, skipped by steering, cancelled).
 
+mod approval;
 mod finish;
 mod model_call;
 mod recover;
@@ -152,7 +153,10 @@ impl RunActor {
             _ => {}
         }
         loop {
-            let flow = if self.state.waiting.is_some() {
+            let flow = if let Some(a) = self.state.awaiting_approval.clone() {
+                let record = self.wait_for_approval(&a).await?;
+                self.resolve_approval(a, record).await?
+            } else if self.state.waiting.is_some() {
                 let reply = self.wait_for_input().await?;
                 self.resolve_input(reply).await?
             } else {
@@ -176,7 +180,7 @@ impl RunActor {
             Command::Steer(t) => self.steers.push_back(t),
             Command::FollowUp(t) => self.state.follow_ups.push_back(t),
             // Input is only forwarded while waiting; an early one is dropped by the runtime.
-            Command::Input(_) => {}
+            Command::Input(_) | Command::ApprovalDecided => {}
         }
     }
 

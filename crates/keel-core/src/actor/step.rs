@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::{Exit, Flow, RunActor, synthetic_result};
 use crate::clarify::{self, CLARIFY_TOOL, ClarifyRequest};
 use crate::guard_pipeline::{CallCheck, check_call, parse_arguments};
+use crate::policy_gate::{self, GateDecision};
 use crate::prompt;
 use crate::state::{WaitKind, Waiting};
 
@@ -20,6 +21,8 @@ enum CallFlow {
     Next,
     /// The call waits for the user; the rest of the turn is skipped.
     Wait,
+    /// The call waits for a person's approval; the rest of the turn is skipped.
+    WaitApproval,
     /// The run ends (fallback answer given).
     Done,
 }
@@ -115,6 +118,12 @@ impl RunActor {
                     self.enter_waiting().await?;
                     return Ok(Flow::Continue);
                 }
+                CallFlow::WaitApproval => {
+                    let rest = calls[i + 1..].to_vec();
+                    self.skip_calls(&rest, "not executed: the run is waiting for an approval")
+                        .await?;
+                    return Ok(Flow::Continue);
+                }
                 CallFlow::Done => return Ok(Flow::Done),
             }
         }
@@ -139,15 +148,32 @@ impl RunActor {
                 if self.usage.tool_calls >= u64::from(self.agent.config.limits.max_tool_calls) {
                     return Err(Exit::Budget("max_tool_calls"));
                 }
-                let decision = EventKind::PolicyDecision {
-                    step: self.steps,
-                    decision: Decision::Execute,
-                    reason: "allowed by the tool's roles and the agent's tool list".into(),
-                    rule: "default_allow".into(),
-                    call_id: Some(call.id.clone()),
+                let Some(spec) = self.shared.tools.get(&call.name).map(|t| t.spec.clone()) else {
+                    return Ok(CallFlow::Next);
                 };
-                self.execute(call, args, vec![decision]).await?;
-                Ok(CallFlow::Next)
+                let gate = policy_gate::decide(&spec, &self.principal, &args);
+                match gate.decision {
+                    GateDecision::Execute => {
+                        let decision = EventKind::PolicyDecision {
+                            step: self.steps,
+                            decision: Decision::Execute,
+                            reason: gate.reason,
+                            rule: gate.rule,
+                            call_id: Some(call.id.clone()),
+                        };
+                        self.execute(call, args, vec![decision]).await?;
+                        Ok(CallFlow::Next)
+                    }
+                    GateDecision::Deny => {
+                        self.deny(call, gate.rule, gate.reason).await?;
+                        Ok(CallFlow::Next)
+                    }
+                    GateDecision::Approve => {
+                        self.request_approval(call, args, spec.risk, gate.rule, gate.reason)
+                            .await?;
+                        Ok(CallFlow::WaitApproval)
+                    }
+                }
             }
             CallCheck::UnknownTool { detail } => {
                 self.repair_turn(call, "unknown_tool", detail).await
@@ -161,25 +187,30 @@ impl RunActor {
                 self.ask_for_arguments(call, missing, args, None).await
             }
             CallCheck::Denied { rule, reason } => {
-                let events = vec![
-                    EventKind::PolicyDecision {
-                        step: self.steps,
-                        decision: Decision::Deny,
-                        reason: reason.clone(),
-                        rule: rule.into(),
-                        call_id: Some(call.id.clone()),
-                    },
-                    EventKind::ReactFeedback {
-                        step: self.steps,
-                        code: "denied_by_policy".into(),
-                        detail: reason.clone(),
-                    },
-                ];
-                let result = synthetic_result(call, format!("Error: denied by policy: {reason}"));
-                self.commit(events, vec![result]).await?;
+                self.deny(call, rule.into(), reason).await?;
                 Ok(CallFlow::Next)
             }
         }
+    }
+
+    /// A refused call: never executed; the model is told why.
+    async fn deny(&mut self, call: &ToolCall, rule: String, reason: String) -> Result<(), Exit> {
+        let events = vec![
+            EventKind::PolicyDecision {
+                step: self.steps,
+                decision: Decision::Deny,
+                reason: reason.clone(),
+                rule,
+                call_id: Some(call.id.clone()),
+            },
+            EventKind::ReactFeedback {
+                step: self.steps,
+                code: "denied_by_policy".into(),
+                detail: reason.clone(),
+            },
+        ];
+        let result = synthetic_result(call, format!("Error: denied by policy: {reason}"));
+        self.commit(events, vec![result]).await
     }
 
     /// Gives a refused call back to the model to repair, within `max_repairs`.
@@ -440,7 +471,7 @@ impl RunActor {
             }
         };
         match flow {
-            CallFlow::Next => Ok(Flow::Continue),
+            CallFlow::Next | CallFlow::WaitApproval => Ok(Flow::Continue),
             CallFlow::Wait => {
                 self.enter_waiting().await?;
                 Ok(Flow::Continue)

@@ -1,3 +1,4 @@
+mod approvals;
 mod health;
 mod runs;
 mod sessions;
@@ -17,6 +18,11 @@ pub fn router() -> Router<AppState> {
         .route("/ai/runs/{id}/steer", post(runs::steer))
         .route("/ai/runs/{id}/follow_up", post(runs::follow_up))
         .route("/ai/runs/{id}/cancel", post(runs::cancel))
+        .route("/ai/approvals", get(approvals::list))
+        .route(
+            "/ai/approvals/{id}",
+            get(approvals::get).post(approvals::decide),
+        )
         .route("/ai/tools", get(tools::list))
         .route("/ai/sessions/{key}", get(sessions::get))
         .route("/healthz", get(health::healthz))

@@ -13,6 +13,8 @@ use tokio::process::{Child, Command};
 
 pub const KEY_ACME: &str = "key-acme-123";
 pub const KEY_GLOBEX: &str = "key-globex-456";
+/// Same tenant as `KEY_ACME`, but not an approver.
+pub const KEY_ACME_CAROL: &str = "key-acme-carol-789";
 
 /// Everything a test config needs to know.
 pub struct Env {
@@ -20,6 +22,8 @@ pub struct Env {
     pub tools_url: String,
     /// Extra TOML appended to the agent (e.g. an `[agents.limits]` table).
     pub agent_extra: String,
+    /// Extra TOML after the tools (e.g. `[tools.overrides]`, `[policy]`).
+    pub extra_tools: String,
     pub stream: bool,
     pub auth: bool,
 }
@@ -30,6 +34,7 @@ impl Env {
             model_url: model_url.to_owned(),
             tools_url: tools_url.to_owned(),
             agent_extra: String::new(),
+            extra_tools: String::new(),
             stream: true,
             auth: false,
         }
@@ -43,6 +48,12 @@ pub fn config(dir: &Path, env: &Env) -> String {
 key_env = "TEST_KEY_ACME"
 tenant = "acme"
 principal = "alice"
+roles = ["operator", "approver"]
+
+[[auth.keys]]
+key_env = "TEST_KEY_ACME_CAROL"
+tenant = "acme"
+principal = "carol"
 roles = ["operator"]
 
 [[auth.keys]]
@@ -50,6 +61,9 @@ key_env = "TEST_KEY_GLOBEX"
 tenant = "globex"
 principal = "bob"
 roles = []
+
+[auth]
+approver_roles = ["approver"]
 "#
     } else {
         ""
@@ -74,7 +88,7 @@ timeout_s = 5
 id = "default"
 provider = "main"
 system_prompt = "You are the plant operations assistant."
-tools = ["furnace_status", "slow_op", "restart_furnace"]
+tools = ["furnace_status", "slow_op", "restart_furnace", "shutdown_line"]
 {agent_extra}
 
 [[tools.http]]
@@ -102,6 +116,15 @@ url = "{tools}/restart"
 parameters = {{ type = "object", properties = {{ furnace_id = {{ type = "string" }} }}, required = ["furnace_id"] }}
 risk = "write"
 roles = ["operator"]
+
+[[tools.http]]
+name = "shutdown_line"
+description = "Shut a casting line down"
+method = "POST"
+url = "{tools}/restart"
+parameters = {{ type = "object", properties = {{ furnace_id = {{ type = "string" }} }}, required = ["furnace_id"] }}
+risk = "dangerous"
+{extra_tools}
 {auth}
 "#,
         dir = dir.display(),
@@ -109,6 +132,7 @@ roles = ["operator"]
         tools = env.tools_url,
         stream = env.stream,
         agent_extra = env.agent_extra,
+        extra_tools = env.extra_tools,
         auth = auth,
     )
 }
@@ -149,6 +173,7 @@ impl Keel {
             .env("KEEL_LOG", "warn")
             .env("TEST_KEY_ACME", KEY_ACME)
             .env("TEST_KEY_GLOBEX", KEY_GLOBEX)
+            .env("TEST_KEY_ACME_CAROL", KEY_ACME_CAROL)
             .env_remove("KEEL_CONFIG")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
