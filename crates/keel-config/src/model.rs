@@ -20,6 +20,11 @@ pub struct Config {
     #[serde(default)]
     pub verify: VerifyConfig,
     #[serde(default)]
+    pub policy: PolicyConfig,
+    /// `before_tool_call` hooks, applied in this order (SPEC §4.5).
+    #[serde(default)]
+    pub hooks: Vec<HookConfig>,
+    #[serde(default)]
     pub auth: AuthConfig,
 }
 
@@ -204,17 +209,47 @@ fn d_max_tool_output() -> usize {
     16 * 1024
 }
 
+/// Loop detection thresholds (SPEC §4.10); a threshold of 0 turns that
+/// level off. Streak thresholds count the proposed call: `repeat_warning = 3`
+/// warns on the third identical call with an unchanged result. Breakers
+/// count calls already run: `max_tool_calls_breaker = 30` blocks the 31st.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoopDetection {
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// The same call (tool and arguments) with the same result.
     #[serde(default = "d_repeat_warning")]
     pub repeat_warning: u32,
     #[serde(default = "d_repeat_critical")]
     pub repeat_critical: u32,
+    /// Calls that may run in one run before the breaker ends it.
     #[serde(default = "d_breaker")]
     pub max_tool_calls_breaker: u32,
+    /// A `poll` tool returning the same status again.
+    #[serde(default = "d_poll_warning")]
+    pub poll_warning: u32,
+    #[serde(default = "d_poll_critical")]
+    pub poll_critical: u32,
+    /// Length of a tail alternating between two calls (`A,B,A,B` is 4).
+    #[serde(default = "d_ping_pong_warning")]
+    pub ping_pong_warning: u32,
+    #[serde(default = "d_ping_pong_critical")]
+    pub ping_pong_critical: u32,
+    /// Times one tool may return the same result in a run, whatever the
+    /// arguments, before the breaker ends it.
+    #[serde(default = "d_identical_outcomes_breaker")]
+    pub identical_outcomes_breaker: u32,
+    /// Calls in a row to tools that do not exist.
+    #[serde(default = "d_unknown_tool_warning")]
+    pub unknown_tool_warning: u32,
+    #[serde(default = "d_unknown_tool_critical")]
+    pub unknown_tool_critical: u32,
+    /// Calls in a row of one tool failing with the same error.
+    #[serde(default = "d_error_streak_warning")]
+    pub error_streak_warning: u32,
+    #[serde(default = "d_error_streak_critical")]
+    pub error_streak_critical: u32,
 }
 
 impl Default for LoopDetection {
@@ -224,10 +259,20 @@ impl Default for LoopDetection {
             repeat_warning: d_repeat_warning(),
             repeat_critical: d_repeat_critical(),
             max_tool_calls_breaker: d_breaker(),
+            poll_warning: d_poll_warning(),
+            poll_critical: d_poll_critical(),
+            ping_pong_warning: d_ping_pong_warning(),
+            ping_pong_critical: d_ping_pong_critical(),
+            identical_outcomes_breaker: d_identical_outcomes_breaker(),
+            unknown_tool_warning: d_unknown_tool_warning(),
+            unknown_tool_critical: d_unknown_tool_critical(),
+            error_streak_warning: d_error_streak_warning(),
+            error_streak_critical: d_error_streak_critical(),
         }
     }
 }
 
+// Keep equal to keel_guard::loop_detect::LoopSettings::default().
 fn d_repeat_warning() -> u32 {
     3
 }
@@ -236,6 +281,33 @@ fn d_repeat_critical() -> u32 {
 }
 fn d_breaker() -> u32 {
     30
+}
+fn d_poll_warning() -> u32 {
+    5
+}
+fn d_poll_critical() -> u32 {
+    10
+}
+fn d_ping_pong_warning() -> u32 {
+    4
+}
+fn d_ping_pong_critical() -> u32 {
+    8
+}
+fn d_identical_outcomes_breaker() -> u32 {
+    15
+}
+fn d_unknown_tool_warning() -> u32 {
+    2
+}
+fn d_unknown_tool_critical() -> u32 {
+    3
+}
+fn d_error_streak_warning() -> u32 {
+    3
+}
+fn d_error_streak_critical() -> u32 {
+    5
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -357,18 +429,189 @@ pub struct ToolOverride {
 pub struct VerifyConfig {
     #[serde(default = "d_tenant_field")]
     pub tenant_field: String,
+    /// Mark null and empty results so the model says "no data" instead of
+    /// inventing some.
+    #[serde(default = "yes")]
+    pub non_empty: bool,
+    /// Tool pattern → fields every result row must have.
+    #[serde(default)]
+    pub required_fields: BTreeMap<String, Vec<String>>,
 }
 
 impl Default for VerifyConfig {
     fn default() -> Self {
         Self {
             tenant_field: d_tenant_field(),
+            non_empty: true,
+            required_fields: BTreeMap::new(),
         }
     }
 }
 
 fn d_tenant_field() -> String {
     "tenant_id".into()
+}
+
+/// What the policy gate decides when no configured rule matches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DefaultDecision {
+    #[default]
+    Execute,
+    Deny,
+}
+
+/// The outcome a configured policy rule asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleDecision {
+    Execute,
+    Approve,
+    Deny,
+}
+
+/// The policy gate (SPEC §4.6): code, not the prompt, decides whether a
+/// call runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Applies only when no configured rule matches, so `deny` turns the
+    /// rules into an allowlist.
+    #[serde(default)]
+    pub default: DefaultDecision,
+    /// Tools at or above this risk need human approval.
+    #[serde(default = "d_approval_risk")]
+    pub approval_risk: Risk,
+    /// How long an approval may stay pending before it counts as denied.
+    #[serde(default = "d_approval_timeout")]
+    pub approval_timeout_s: u64,
+    /// Show role-restricted tools to everyone and ask for approval instead
+    /// of denying; otherwise they are hidden from principals without the role.
+    #[serde(default)]
+    pub see_but_ask: bool,
+    #[serde(default)]
+    pub rules: Vec<PolicyRule>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            default: DefaultDecision::default(),
+            approval_risk: d_approval_risk(),
+            approval_timeout_s: d_approval_timeout(),
+            see_but_ask: false,
+            rules: Vec::new(),
+        }
+    }
+}
+
+fn d_approval_risk() -> Risk {
+    Risk::Dangerous
+}
+fn d_approval_timeout() -> u64 {
+    3600
+}
+
+/// One `[[policy.rules]]` entry. Every condition given must hold for the
+/// rule to match; an empty list means "any".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRule {
+    pub name: String,
+    /// Tool name patterns (`*` matches any run of characters).
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Matches when the principal has any of these roles.
+    #[serde(default)]
+    pub roles: Vec<String>,
+    #[serde(default)]
+    pub tenants: Vec<String>,
+    /// Matches tools at or above this risk.
+    #[serde(default)]
+    pub min_risk: Option<Risk>,
+    /// Argument name → condition on its value; a missing argument does not match.
+    #[serde(default)]
+    pub when_arguments: BTreeMap<String, ArgMatcher>,
+    /// Matches once the tool has already run this many times in the run.
+    #[serde(default)]
+    pub max_calls_per_run: Option<u32>,
+    pub decision: RuleDecision,
+    /// Told to the model when the call is denied.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Conditions on one argument's value; all that are given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArgMatcher {
+    /// Regex searched in the value (strings as written, other values as JSON text).
+    #[serde(default)]
+    pub pattern: Option<String>,
+    #[serde(default)]
+    pub not_pattern: Option<String>,
+    #[serde(default)]
+    pub one_of: Option<Vec<Value>>,
+    #[serde(default)]
+    pub not_one_of: Option<Vec<Value>>,
+    /// Inclusive numeric bounds; a value that is not a number does not match.
+    #[serde(default)]
+    pub min: Option<f64>,
+    #[serde(default)]
+    pub max: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookKind {
+    /// Sets `argument` to the caller's tenant, whatever the model sent.
+    InjectTenant,
+    /// Sets `argument` to `value` when it is absent or null.
+    Default,
+    /// Blocks the call when `argument` matches `pattern`.
+    DenyPattern,
+}
+
+impl HookKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InjectTenant => "inject_tenant",
+            Self::Default => "default",
+            Self::DenyPattern => "deny_pattern",
+        }
+    }
+}
+
+/// One `[[hooks]]` entry: a `before_tool_call` hook built from configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookConfig {
+    /// Defaults to `<kind>:<argument>`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Tool name patterns; empty applies to every tool.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    pub kind: HookKind,
+    pub argument: String,
+    /// For `default`: the value filled in.
+    #[serde(default)]
+    pub value: Option<Value>,
+    /// For `deny_pattern`: the regex that blocks.
+    #[serde(default)]
+    pub pattern: Option<String>,
+    /// For `deny_pattern`: what the model is told.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+impl HookConfig {
+    /// The name events and errors use for this hook.
+    pub fn display_name(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| format!("{}:{}", self.kind.as_str(), self.argument))
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -14,6 +14,8 @@ pub(crate) enum Ty {
     /// A non-negative integer no larger than the bound.
     UInt(u64),
     Enum(&'static [&'static str]),
+    /// An integer or a finite float.
+    Number,
     List(&'static Ty),
     Table(&'static [Field]),
     /// An array of tables; `key` is the field that names an element, which
@@ -79,6 +81,14 @@ pub(crate) static ROOT: &[Field] = &[
     ),
     opt("tools", Ty::Table(TOOLS)),
     opt("verify", Ty::Table(VERIFY)),
+    opt("policy", Ty::Table(POLICY)),
+    opt(
+        "hooks",
+        Ty::Tables {
+            fields: HOOK,
+            key: Some("name"),
+        },
+    ),
     opt("auth", Ty::Table(AUTH)),
 ];
 
@@ -130,6 +140,15 @@ static LOOP_DETECTION: &[Field] = &[
     opt("repeat_warning", U32),
     opt("repeat_critical", U32),
     opt("max_tool_calls_breaker", U32),
+    opt("poll_warning", U32),
+    opt("poll_critical", U32),
+    opt("ping_pong_warning", U32),
+    opt("ping_pong_critical", U32),
+    opt("identical_outcomes_breaker", U32),
+    opt("unknown_tool_warning", U32),
+    opt("unknown_tool_critical", U32),
+    opt("error_streak_warning", U32),
+    opt("error_streak_critical", U32),
 ];
 
 static DRIFT: &[Field] = &[
@@ -190,7 +209,61 @@ static OVERRIDE: &[Field] = &[
     opt("volatile_fields", STRS),
 ];
 
-static VERIFY: &[Field] = &[opt("tenant_field", Ty::Str)];
+static VERIFY: &[Field] = &[
+    opt("tenant_field", Ty::Str),
+    opt("non_empty", Ty::Bool),
+    opt("required_fields", Ty::Map(&STRS)),
+];
+
+const DECISION: Ty = Ty::Enum(&["execute", "approve", "deny"]);
+
+static POLICY: &[Field] = &[
+    opt("default", Ty::Enum(&["execute", "deny"])),
+    opt("approval_risk", RISK),
+    opt("approval_timeout_s", U64),
+    opt("see_but_ask", Ty::Bool),
+    opt(
+        "rules",
+        Ty::Tables {
+            fields: POLICY_RULE,
+            key: Some("name"),
+        },
+    ),
+];
+
+static POLICY_RULE: &[Field] = &[
+    req("name", Ty::Str),
+    opt("tools", STRS),
+    opt("roles", STRS),
+    opt("tenants", STRS),
+    opt("min_risk", RISK),
+    opt("when_arguments", Ty::Map(&Ty::Table(ARG_MATCHER))),
+    opt("max_calls_per_run", U32),
+    req("decision", DECISION),
+    opt("reason", Ty::Str),
+];
+
+static ARG_MATCHER: &[Field] = &[
+    opt("pattern", Ty::Str),
+    opt("not_pattern", Ty::Str),
+    opt("one_of", Ty::List(&Ty::Json)),
+    opt("not_one_of", Ty::List(&Ty::Json)),
+    opt("min", Ty::Number),
+    opt("max", Ty::Number),
+];
+
+static HOOK: &[Field] = &[
+    opt("name", Ty::Str),
+    opt("tools", STRS),
+    req(
+        "kind",
+        Ty::Enum(&["inject_tenant", "default", "deny_pattern"]),
+    ),
+    req("argument", Ty::Str),
+    opt("value", Ty::Json),
+    opt("pattern", Ty::Str),
+    opt("reason", Ty::Str),
+];
 
 static AUTH: &[Field] = &[
     opt(
@@ -216,6 +289,7 @@ impl Ty {
             Ty::Str => "a string".into(),
             Ty::Bool => "a boolean".into(),
             Ty::UInt(max) => format!("an integer from 0 to {max}"),
+            Ty::Number => "a number".into(),
             Ty::Enum(names) => format!(
                 "one of {}",
                 names
@@ -268,6 +342,28 @@ fn check(node: &mut Node, ty: &Ty, path: &KeyPath, found: &mut Findings) -> bool
                     path,
                     Some(&node.origin),
                     format!("expected {}, found integer {n}", ty.describe()),
+                );
+                return false;
+            }
+            true
+        }
+        (Ty::Number, Val::Int(n)) => {
+            if i64::try_from(*n).is_err() {
+                found.error(
+                    path,
+                    Some(&node.origin),
+                    format!("integer {n} is out of range"),
+                );
+                return false;
+            }
+            true
+        }
+        (Ty::Number, Val::Float(f)) => {
+            if !f.is_finite() {
+                found.error(
+                    path,
+                    Some(&node.origin),
+                    format!("{f} is not a finite number"),
                 );
                 return false;
             }
@@ -564,7 +660,48 @@ mod tests {
                 )]
                 .into(),
             },
-            verify: VerifyConfig::default(),
+            verify: VerifyConfig {
+                tenant_field: "org".into(),
+                non_empty: false,
+                required_fields: [("x.*".to_string(), vec!["id".to_string()])].into(),
+            },
+            policy: PolicyConfig {
+                default: DefaultDecision::Deny,
+                approval_risk: keel_protocol::Risk::Write,
+                approval_timeout_s: 1,
+                see_but_ask: true,
+                rules: vec![PolicyRule {
+                    name: "r".into(),
+                    tools: vec!["t*".into()],
+                    roles: vec!["r".into()],
+                    tenants: vec!["t".into()],
+                    min_risk: Some(keel_protocol::Risk::Exec),
+                    when_arguments: [(
+                        "a".to_string(),
+                        ArgMatcher {
+                            pattern: Some("^x".into()),
+                            not_pattern: Some("y$".into()),
+                            one_of: Some(vec![serde_json::json!("a"), serde_json::json!(2)]),
+                            not_one_of: Some(vec![serde_json::json!("b")]),
+                            min: Some(1.5),
+                            max: Some(10.0),
+                        },
+                    )]
+                    .into(),
+                    max_calls_per_run: Some(3),
+                    decision: RuleDecision::Approve,
+                    reason: Some("why".into()),
+                }],
+            },
+            hooks: vec![HookConfig {
+                name: Some("h".into()),
+                tools: vec!["t".into()],
+                kind: HookKind::DenyPattern,
+                argument: "a".into(),
+                value: Some(serde_json::json!({"k": [1, "v"]})),
+                pattern: Some("p".into()),
+                reason: Some("r".into()),
+            }],
             auth: AuthConfig {
                 keys: vec![ApiKeyConfig {
                     key_env: "K".into(),

@@ -18,11 +18,14 @@ pub const BUILTIN_TOOLS: &[&str] = &["memory_search", "memory_get", "web_fetch",
 
 const HTTP_METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"];
 
+mod guards;
+
 pub(crate) fn check(config: &Config, env: &dyn Env, found: &mut Findings) {
     check_server(config, found);
     check_providers(config, env, found);
     check_tools(config, env, found);
     check_agents(config, found);
+    guards::check(config, found);
     check_auth(config, env, found);
 }
 
@@ -125,16 +128,7 @@ fn check_agents(config: &Config, found: &mut Findings) {
         if agent.limits.max_steps == 0 {
             found.error_at(&limits.key("max_steps"), "must be at least 1".into());
         }
-        let ld = &agent.loop_detection;
-        if ld.repeat_critical < ld.repeat_warning {
-            found.error_at(
-                &at.key("loop_detection").key("repeat_critical"),
-                format!(
-                    "repeat_critical ({}) is less than repeat_warning ({}): the block would come before the warning",
-                    ld.repeat_critical, ld.repeat_warning
-                ),
-            );
-        }
+        check_loop_detection(found, &at.key("loop_detection"), &agent.loop_detection);
         for (j, pattern) in agent.tools.iter().enumerate() {
             if !pattern_is_known(config, pattern) {
                 found.warning_at(
@@ -144,6 +138,36 @@ fn check_agents(config: &Config, found: &mut Findings) {
                     ),
                 );
             }
+        }
+    }
+}
+
+/// Each detector's block must not come before its warning; 0 turns a
+/// level off, so a critical of 0 is no contradiction.
+fn check_loop_detection(found: &mut Findings, at: &KeyPath, ld: &crate::model::LoopDetection) {
+    let pairs = [
+        ("repeat", ld.repeat_warning, ld.repeat_critical),
+        ("poll", ld.poll_warning, ld.poll_critical),
+        ("ping_pong", ld.ping_pong_warning, ld.ping_pong_critical),
+        (
+            "unknown_tool",
+            ld.unknown_tool_warning,
+            ld.unknown_tool_critical,
+        ),
+        (
+            "error_streak",
+            ld.error_streak_warning,
+            ld.error_streak_critical,
+        ),
+    ];
+    for (name, warning, critical) in pairs {
+        if critical != 0 && critical < warning {
+            found.error_at(
+                &at.key(&format!("{name}_critical")),
+                format!(
+                    "{name}_critical ({critical}) is less than {name}_warning ({warning}): the block would come before the warning"
+                ),
+            );
         }
     }
 }

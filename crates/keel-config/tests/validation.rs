@@ -346,3 +346,73 @@ fn quoted_keys_render_quoted() {
         messages(&r)
     );
 }
+
+#[test]
+fn loop_detection_thresholds_load_and_are_checked_in_pairs() {
+    let r = load(
+        r#"
+[[agents]]
+id = "a"
+provider = "main"
+[agents.loop_detection]
+poll_warning = 6
+poll_critical = 12
+ping_pong_warning = 5
+ping_pong_critical = 0
+identical_outcomes_breaker = 20
+unknown_tool_warning = 3
+unknown_tool_critical = 4
+error_streak_warning = 2
+error_streak_critical = 6
+"#,
+    );
+    let loaded = r.as_ref().expect("valid loop detection");
+    let ld = &loaded.config.agents[0].loop_detection;
+    assert_eq!(
+        (ld.poll_warning, ld.poll_critical, ld.ping_pong_critical),
+        (6, 12, 0)
+    );
+    assert_eq!(
+        (
+            ld.identical_outcomes_breaker,
+            ld.unknown_tool_critical,
+            ld.error_streak_warning
+        ),
+        (20, 4, 2)
+    );
+    // Unset keys keep their defaults.
+    assert_eq!((ld.repeat_warning, ld.repeat_critical), (3, 5));
+    assert_eq!(ld.max_tool_calls_breaker, 30);
+
+    let r = load(
+        r#"
+[[agents]]
+id = "a"
+provider = "main"
+[agents.loop_detection]
+poll_warning = 6
+poll_critical = 5
+ping_pong_warning = 8
+ping_pong_critical = 4
+unknown_tool_warning = 3
+unknown_tool_critical = 2
+error_streak_warning = 5
+error_streak_critical = 3
+ping_pong_criticl = 9
+"#,
+    );
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(E, "agents[0].loop_detection.poll_critical"),
+            k(E, "agents[0].loop_detection.ping_pong_critical"),
+            k(E, "agents[0].loop_detection.unknown_tool_critical"),
+            k(E, "agents[0].loop_detection.error_streak_critical"),
+            k(E, "agents[0].loop_detection.ping_pong_criticl"),
+        ],
+        "{}",
+        messages(&r)
+    );
+    assert!(messages(&r).contains("did you mean \"ping_pong_critical\""));
+    assert!(messages(&r).contains("poll_critical (5) is less than poll_warning (6)"));
+}

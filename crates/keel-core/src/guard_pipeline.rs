@@ -1,7 +1,9 @@
-//! The one choke point every proposed call passes before it may execute:
-//! parse → known tool → schema guard → missing slots → roles. Each stage
-//! returns a typed decision; the first that does not allow the call decides.
+//! The first stages of the one choke point every proposed call passes:
+//! parse → known tool → schema guard. The later stages (hooks, missing
+//! slots, loop detection, policy, approval) follow in the run actor; each
+//! stage returns a typed decision and the first that refuses decides.
 
+use keel_guard::policy::Policy;
 use keel_guard::schema::ViolationKind;
 use keel_protocol::{Principal, ToolCall};
 use serde_json::Value;
@@ -16,8 +18,6 @@ pub enum CallCheck {
     Execute { args: Value },
     UnknownTool { detail: String },
     InvalidArguments { detail: String },
-    MissingArguments { missing: Vec<String>, args: Value },
-    Denied { rule: &'static str, reason: String },
 }
 
 pub fn check_call(
@@ -25,13 +25,14 @@ pub fn check_call(
     tools: &ToolSet,
     agent_patterns: &[String],
     principal: &Principal,
+    policy: &Policy,
 ) -> CallCheck {
     let Some(reg) = tools
         .get(&call.name)
         .filter(|t| ToolSet::agent_allows(agent_patterns, &t.spec.name))
     else {
         let available: Vec<String> = tools
-            .visible(agent_patterns, principal)
+            .visible(agent_patterns, principal, policy)
             .map(|t| t.spec.name.clone())
             .collect();
         return CallCheck::UnknownTool {
@@ -59,6 +60,8 @@ pub fn check_call(
         Err(detail) => return CallCheck::InvalidArguments { detail },
     };
     let violations = reg.schema.check(&args);
+    // Missing required arguments are not a repair matter: hooks may fill
+    // them, and otherwise the user is asked.
     let repairable: Vec<String> = violations
         .iter()
         .filter(|v| !matches!(v.kind, ViolationKind::MissingRequired { .. }))
@@ -67,20 +70,6 @@ pub fn check_call(
     if !repairable.is_empty() {
         return CallCheck::InvalidArguments {
             detail: repairable.join("; "),
-        };
-    }
-    let missing = reg.schema.missing_required(&args);
-    if !missing.is_empty() {
-        return CallCheck::MissingArguments { missing, args };
-    }
-    if !ToolSet::roles_allow(&reg.spec, principal) {
-        return CallCheck::Denied {
-            rule: "tool_roles",
-            reason: format!(
-                "`{}` requires one of the roles {}; the caller has none of them",
-                reg.spec.name,
-                reg.spec.roles.join(", ")
-            ),
         };
     }
     CallCheck::Execute { args }

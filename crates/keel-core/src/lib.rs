@@ -9,14 +9,16 @@ pub mod clarify;
 pub mod error;
 pub mod follow;
 mod guard_pipeline;
-pub mod policy_gate;
+pub mod guards;
 mod prompt;
 pub mod runtime;
 mod state;
+mod telemetry;
 pub mod toolset;
 
 pub use agent::AgentRuntime;
 pub use bus::EventBus;
 pub use error::CoreError;
+pub use guards::Guards;
 pub use runtime::{Runtime, RuntimeOptions, StartRun};
 pub use toolset::{RegisteredTool, ToolSet};

@@ -31,21 +31,13 @@ pub(crate) enum Command {
 }
 
 /// Settings of the runtime as a whole.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RuntimeOptions {
     /// Roles allowed to decide approvals; empty = any principal of the tenant.
     pub approver_roles: Vec<String>,
     /// Undecided approvals expire (a denial) after this long.
     pub approval_timeout: std::time::Duration,
-}
-
-impl Default for RuntimeOptions {
-    fn default() -> Self {
-        Self {
-            approver_roles: Vec::new(),
-            approval_timeout: std::time::Duration::from_secs(3600),
-        }
-    }
+    pub guards: crate::guards::Guards,
 }
 
 struct Handle {
@@ -59,6 +51,7 @@ pub(crate) struct Shared {
     pub bus: EventBus,
     pub tools: Arc<ToolSet>,
     pub options: RuntimeOptions,
+    pub guards: crate::guards::Guards,
     agents: HashMap<String, AgentRuntime>,
     default_agent: String,
     active: Mutex<HashMap<String, Handle>>,
@@ -112,6 +105,7 @@ impl Runtime {
                 store,
                 bus: EventBus::new(),
                 tools: Arc::new(tools),
+                guards: options.guards.clone(),
                 options,
                 agents,
                 default_agent: default_agent.to_owned(),
@@ -321,7 +315,7 @@ impl Runtime {
         Ok(self
             .shared
             .tools
-            .visible(&agent.config.tools, principal)
+            .visible(&agent.config.tools, principal, &self.shared.guards.policy)
             .map(|t| t.spec.clone())
             .collect())
     }

@@ -19,6 +19,12 @@ pub struct LoopState {
     pub waiting: Option<Waiting>,
     #[serde(default)]
     pub awaiting_approval: Option<AwaitingApproval>,
+    /// Every call of this run as loop detection sees it.
+    #[serde(default)]
+    pub calls: keel_guard::loop_detect::CallHistory,
+    /// Critical loop hits so far: the first blocks a call, the second ends the run.
+    #[serde(default)]
+    pub loop_criticals: u32,
     /// Seconds the run spent waiting for people; excluded from `max_wall_time`.
     #[serde(default)]
     pub waited_s: f64,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use keel_config::tool_pattern_matches;
+use keel_guard::policy::Policy;
 use keel_guard::schema::{CompiledSchema, normalize};
 use keel_protocol::{Principal, Tool, ToolSchema, ToolSpec};
 
@@ -15,6 +16,8 @@ pub struct RegisteredTool {
     pub tool: Arc<dyn Tool>,
     pub spec: ToolSpec,
     pub schema: CompiledSchema,
+    /// The declared output schema, compiled, for the `schema` verify rule.
+    pub output_schema: Option<CompiledSchema>,
 }
 
 #[derive(Default)]
@@ -52,8 +55,24 @@ impl ToolSet {
                 spec.name
             ))
         })?;
-        self.tools
-            .insert(spec.name.clone(), RegisteredTool { tool, spec, schema });
+        let output_schema = match &spec.output_schema {
+            Some(s) => Some(CompiledSchema::compile(s).map_err(|e| {
+                CoreError::Config(format!(
+                    "tool `{}` has an invalid output schema: {e}",
+                    spec.name
+                ))
+            })?),
+            None => None,
+        };
+        self.tools.insert(
+            spec.name.clone(),
+            RegisteredTool {
+                tool,
+                spec,
+                schema,
+                output_schema,
+            },
+        );
         Ok(())
     }
 
@@ -74,25 +93,27 @@ impl ToolSet {
         patterns.is_empty() || patterns.iter().any(|p| tool_pattern_matches(p, name))
     }
 
-    /// Whether the principal's roles permit the tool (no roles on the tool = anyone).
-    pub fn roles_allow(spec: &ToolSpec, principal: &Principal) -> bool {
-        spec.roles.is_empty() || principal.has_any_role(&spec.roles)
-    }
-
     /// Tools an agent offers to a principal: the agent's patterns and the
-    /// principal's roles both apply, so a forbidden tool is never shown.
+    /// policy both apply, so a tool the principal's roles forbid is never shown
+    /// (unless the policy is configured to see-but-ask).
     pub fn visible<'a>(
         &'a self,
         patterns: &'a [String],
         principal: &'a Principal,
+        policy: &'a Policy,
     ) -> impl Iterator<Item = &'a RegisteredTool> + 'a {
         self.tools.values().filter(move |t| {
-            Self::agent_allows(patterns, &t.spec.name) && Self::roles_allow(&t.spec, principal)
+            Self::agent_allows(patterns, &t.spec.name) && policy.visible(principal, &t.spec)
         })
     }
 
-    pub fn schemas_for(&self, patterns: &[String], principal: &Principal) -> Vec<ToolSchema> {
-        self.visible(patterns, principal)
+    pub fn schemas_for(
+        &self,
+        patterns: &[String],
+        principal: &Principal,
+        policy: &Policy,
+    ) -> Vec<ToolSchema> {
+        self.visible(patterns, principal, policy)
             .map(|t| ToolSchema {
                 name: t.spec.name.clone(),
                 description: t.spec.description.clone(),

@@ -1,4 +1,8 @@
 //! keel-guard: checks that stand between what the model emits and what keel
 //! executes (SPEC §4).
 
+pub mod hooks;
+pub mod loop_detect;
+pub mod policy;
 pub mod schema;
+pub mod verify;

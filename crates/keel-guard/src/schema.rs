@@ -200,8 +200,14 @@ impl CompiledSchema {
                 message: "arguments must be a JSON object".into(),
             }];
         }
+        self.validate(args)
+    }
+
+    /// Every violation in any JSON value; unlike [`Self::check`] it accepts
+    /// non-objects, because a tool's output may be an array or a scalar.
+    pub fn validate(&self, value: &Value) -> Vec<Violation> {
         let mut out = Vec::new();
-        for error in self.validator.iter_errors(args) {
+        for error in self.validator.iter_errors(value) {
             translate(&error, &mut out);
         }
         out

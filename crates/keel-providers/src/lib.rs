@@ -1,7 +1,11 @@
 //! Model providers behind keel's `ModelClient` port.
 //!
 //! Each provider owns its wire format, streaming and retries, so the agent loop
-//! only ever sees reassembled decisions.
+//! only ever sees reassembled decisions. `json_mode` wraps any of them for
+//! models without native tool calling.
 
+pub mod anthropic;
+mod http;
+pub mod json_mode;
 pub mod openai;
 mod retry;

@@ -1,6 +1,9 @@
 //! Backoff arithmetic shared by providers, kept apart so the limits are testable.
 
-use std::time::{Duration, SystemTime};
+use std::future::Future;
+use std::time::{Duration, Instant, SystemTime};
+
+use keel_protocol::{ModelError, ModelResponse};
 
 /// Longest pause between two attempts that backoff alone may cause.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -33,6 +36,91 @@ pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration
     let at = httpdate::parse_http_date(value).ok()?;
     let wait = at.duration_since(now).unwrap_or(Duration::ZERO);
     Some(wait.min(MAX_RETRY_AFTER))
+}
+
+/// How often and how patiently one provider call is retried.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RetryPolicy {
+    pub max_retries: u32,
+    pub backoff_base: Duration,
+}
+
+/// Why one attempt failed, and whether text had already reached the user
+/// (then a retry would show the same words twice, so none is made).
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub error: ModelError,
+    pub forwarded: bool,
+}
+
+/// Runs `attempt` until it succeeds, fails for good, or the retries run out.
+/// Retryable failures wait for the provider's `Retry-After` when it gave one,
+/// else for exponential backoff. `api` names the wire format in logs.
+pub(crate) async fn with_retries<F, Fut>(
+    api: &'static str,
+    model: &str,
+    policy: RetryPolicy,
+    mut attempt: F,
+) -> Result<ModelResponse, ModelError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<ModelResponse, Failed>>,
+{
+    let started = Instant::now();
+    let mut retries = 0u32;
+    loop {
+        let Failed { error, forwarded } = match attempt().await {
+            Ok(response) => {
+                tracing::debug!(
+                    api,
+                    model,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    retries,
+                    text_chars = response.text.len(),
+                    tool_calls = response.tool_calls.len(),
+                    prompt_tokens = response.usage.prompt_tokens,
+                    completion_tokens = response.usage.completion_tokens,
+                    finish_reason = response.finish_reason.as_deref().unwrap_or(""),
+                    "model response"
+                );
+                return Ok(response);
+            }
+            Err(failed) => failed,
+        };
+        if forwarded {
+            tracing::warn!(api, model, %error, "stream broke after text was shown; not retrying");
+            return Err(error);
+        }
+        if !error.is_retryable() {
+            tracing::debug!(api, model, %error, "model call failed");
+            return Err(error);
+        }
+        if retries >= policy.max_retries {
+            tracing::warn!(api, model, attempts = retries + 1, %error, "model call retries exhausted");
+            return Err(ModelError::RetriesExhausted {
+                attempts: retries + 1,
+                last: Box::new(error),
+            });
+        }
+        let delay = match &error {
+            ModelError::RateLimited {
+                retry_after: Some(wait),
+                ..
+            } => *wait,
+            _ => backoff(policy.backoff_base, retries),
+        };
+        retries += 1;
+        tracing::warn!(
+            api,
+            model,
+            retry = retries,
+            max_retries = policy.max_retries,
+            delay_ms = delay.as_millis() as u64,
+            %error,
+            "model call failed; retrying"
+        );
+        tokio::time::sleep(delay).await;
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,15 @@
-//! Persistence for keel: the [`keel_protocol::Store`] port over SQLite.
+//! Persistence for keel: the [`keel_protocol::Store`] port over SQLite or
+//! PostgreSQL.
 //!
-//! SQLite is the default, embedded store (one file, nothing to install). The
-//! schema is versioned by SQL files under `migrations/<backend>/`, so a
-//! PostgreSQL store can live next to it with its own dialect.
+//! SQLite is the default, embedded store (one file, nothing to install);
+//! PostgreSQL is the store several nodes share. Both follow the same
+//! conformance suite (`keel_test_support::store_suite`). The schema is
+//! versioned by SQL files under `migrations/<backend>/`, one dialect each.
 
+mod open;
+mod postgres;
 mod sqlite;
 
+pub use open::open;
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;

@@ -1,4 +1,5 @@
 //! keel-test-support
+pub mod fake_anthropic;
 pub mod fake_openai;
 pub mod sse;
 pub mod store_suite;

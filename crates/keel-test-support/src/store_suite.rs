@@ -12,8 +12,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use keel_protocol::{
-    Commit, ErrorBody, Event, EventKind, Message, NewRun, Principal, RunFilter, RunPatch,
-    RunRecord, RunStatus, Store, StoreError, ToolCall, Usage, new_id,
+    ApprovalRecord, ApprovalStatus, Commit, ErrorBody, Event, EventKind, Message, NewRun,
+    Principal, RunFilter, RunPatch, RunRecord, RunStatus, Store, StoreError, ToolCall, Usage,
+    new_id,
 };
 
 /// Runs every check of this module, one after the other.
@@ -32,6 +33,9 @@ pub async fn run_all(store: Arc<dyn Store>) {
     list_filters_and_pagination(&store).await;
     list_page_sizes(&store).await;
     unfinished_runs(&store).await;
+    approvals(&store).await;
+    approval_commit_is_atomic(&store).await;
+    concurrent_deciders_one_wins(&store, 10).await;
 }
 
 pub fn principal(tenant: &str) -> Principal {
@@ -875,4 +879,367 @@ pub async fn unfinished_runs(store: &Arc<dyn Store>) {
             "resumable after a restart"
         );
     }
+}
+
+/// A pending approval of `run`, as the loop would create it.
+pub fn approval(run: &RunRecord, call_id: &str) -> ApprovalRecord {
+    let created_at = keel_protocol::now();
+    ApprovalRecord {
+        id: new_id("apr"),
+        tenant: run.tenant.clone(),
+        run_id: run.id.clone(),
+        call_id: call_id.to_owned(),
+        tool: "wire_money".into(),
+        arguments: json!({"to": "acct-1", "amount": 125.5, "memo": null}),
+        risk: "dangerous".into(),
+        reason: "requires approval".into(),
+        status: ApprovalStatus::Pending,
+        decided_by: None,
+        decision_reason: None,
+        created_at,
+        decided_at: None,
+        expires_at: created_at + Duration::from_secs(3600),
+    }
+}
+
+/// Commits approvals the way the loop does: with the event and the status
+/// change that stop the run.
+async fn request_approvals(store: &Arc<dyn Store>, run: &RunRecord, approvals: &[ApprovalRecord]) {
+    let events = approvals
+        .iter()
+        .map(|a| EventKind::ApprovalRequired {
+            approval_id: a.id.clone(),
+            tool: a.tool.clone(),
+            arguments: a.arguments.clone(),
+            risk: a.risk.clone(),
+            reason: a.reason.clone(),
+        })
+        .collect();
+    let commit = Commit {
+        events,
+        approvals: approvals.to_vec(),
+        patch: Some(RunPatch {
+            status: Some(RunStatus::WaitingApproval),
+            ..RunPatch::default()
+        }),
+        ..Commit::default()
+    };
+    store.commit(&run.id, commit).await.unwrap();
+}
+
+async fn approval_ids(
+    store: &Arc<dyn Store>,
+    tenant: &str,
+    status: Option<ApprovalStatus>,
+    limit: u32,
+) -> Vec<String> {
+    store
+        .list_approvals(tenant, status, limit)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect()
+}
+
+pub async fn approvals(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let run = create(store, &tenant, &new_id("ses")).await;
+    let other_run = create(store, &tenant, &new_id("ses")).await;
+    // `later` gets the smaller id but the later creation time: listing
+    // follows creation time.
+    let mut later = approval(&run, "c2");
+    let earlier = approval(&run, "c1");
+    later.created_at = earlier.created_at + Duration::from_millis(10);
+    later.expires_at = later.created_at + Duration::from_secs(3600);
+    assert!(later.id < earlier.id);
+    request_approvals(store, &run, &[later.clone(), earlier.clone()]).await;
+    let mut third = approval(&other_run, "c1");
+    third.created_at = later.created_at + Duration::from_millis(10);
+    request_approvals(store, &other_run, &[third.clone()]).await;
+
+    let stored_run = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(stored_run.status, RunStatus::WaitingApproval);
+    assert_eq!(stored_run.last_seq, 2);
+
+    // Read back exactly as written, only by its own tenant.
+    assert_eq!(
+        store.get_approval(&tenant, &earlier.id).await.unwrap(),
+        Some(earlier.clone())
+    );
+    assert_eq!(
+        store.get_approval(&tenant, &later.id).await.unwrap(),
+        Some(later.clone())
+    );
+    let stranger = new_id("ten");
+    assert_eq!(
+        store.get_approval(&stranger, &earlier.id).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store.get_approval(&tenant, &new_id("apr")).await.unwrap(),
+        None
+    );
+
+    // Listing: oldest first, by status, bounded, per tenant.
+    assert_eq!(
+        approval_ids(store, &tenant, None, 0).await,
+        vec![earlier.id.clone(), later.id.clone(), third.id.clone()]
+    );
+    assert_eq!(
+        approval_ids(store, &tenant, Some(ApprovalStatus::Pending), 0).await,
+        vec![earlier.id.clone(), later.id.clone(), third.id.clone()]
+    );
+    assert_eq!(
+        approval_ids(store, &tenant, None, 2).await,
+        vec![earlier.id.clone(), later.id.clone()]
+    );
+    assert!(
+        approval_ids(store, &tenant, Some(ApprovalStatus::Approved), 0)
+            .await
+            .is_empty()
+    );
+    assert!(approval_ids(store, &stranger, None, 0).await.is_empty());
+    let listed = store.list_approvals(&tenant, None, 1).await.unwrap();
+    assert_eq!(
+        listed,
+        vec![earlier.clone()],
+        "listing returns whole records"
+    );
+
+    // Another tenant cannot decide it, and an unknown one is not found.
+    let err = store
+        .decide_approval(
+            &stranger,
+            &earlier.id,
+            ApprovalStatus::Approved,
+            "mallory",
+            "",
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound), "got {err:?}");
+    let err = store
+        .decide_approval(
+            &tenant,
+            &new_id("apr"),
+            ApprovalStatus::Approved,
+            "alice",
+            "",
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound), "got {err:?}");
+    // `pending` is not a decision.
+    let err = store
+        .decide_approval(&tenant, &earlier.id, ApprovalStatus::Pending, "alice", "")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict(_)), "got {err:?}");
+    assert_eq!(
+        store.get_approval(&tenant, &earlier.id).await.unwrap(),
+        Some(earlier.clone()),
+        "refused decisions change nothing"
+    );
+
+    // Decided once.
+    let before = keel_protocol::now();
+    let approved = store
+        .decide_approval(
+            &tenant,
+            &earlier.id,
+            ApprovalStatus::Approved,
+            "alice",
+            "looks fine",
+        )
+        .await
+        .unwrap();
+    let after = keel_protocol::now();
+    assert_eq!(approved.status, ApprovalStatus::Approved);
+    assert_eq!(approved.decided_by.as_deref(), Some("alice"));
+    assert_eq!(approved.decision_reason.as_deref(), Some("looks fine"));
+    let decided_at = approved.decided_at.expect("a decision is stamped");
+    assert!(decided_at >= before && decided_at <= after);
+    let unchanged = ApprovalRecord {
+        status: ApprovalStatus::Pending,
+        decided_by: None,
+        decision_reason: None,
+        decided_at: None,
+        ..approved.clone()
+    };
+    assert_eq!(
+        unchanged, earlier,
+        "a decision changes only the decision fields"
+    );
+    assert_eq!(
+        store.get_approval(&tenant, &earlier.id).await.unwrap(),
+        Some(approved.clone())
+    );
+
+    // A second decision, whatever it is, conflicts and changes nothing.
+    for decision in [
+        ApprovalStatus::Denied,
+        ApprovalStatus::Approved,
+        ApprovalStatus::Expired,
+    ] {
+        let err = store
+            .decide_approval(&tenant, &earlier.id, decision, "bob", "too late")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Conflict(_)), "got {err:?}");
+    }
+    assert_eq!(
+        store.get_approval(&tenant, &earlier.id).await.unwrap(),
+        Some(approved.clone())
+    );
+
+    let denied = store
+        .decide_approval(&tenant, &later.id, ApprovalStatus::Denied, "bob", "no")
+        .await
+        .unwrap();
+    assert_eq!(denied.status, ApprovalStatus::Denied);
+    let expired = store
+        .decide_approval(
+            &tenant,
+            &third.id,
+            ApprovalStatus::Expired,
+            "keel",
+            "timed out",
+        )
+        .await
+        .unwrap();
+    assert_eq!(expired.status, ApprovalStatus::Expired);
+
+    assert!(
+        approval_ids(store, &tenant, Some(ApprovalStatus::Pending), 0)
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        store
+            .list_approvals(&tenant, Some(ApprovalStatus::Approved), 0)
+            .await
+            .unwrap(),
+        vec![approved]
+    );
+    assert_eq!(
+        store
+            .list_approvals(&tenant, Some(ApprovalStatus::Denied), 0)
+            .await
+            .unwrap(),
+        vec![denied]
+    );
+    assert_eq!(
+        approval_ids(store, &tenant, Some(ApprovalStatus::Expired), 0).await,
+        vec![third.id]
+    );
+}
+
+/// An approval is written with the rest of its commit or not at all.
+pub async fn approval_commit_is_atomic(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let run = create(store, &tenant, &new_id("ses")).await;
+
+    // To an unknown run: nothing is created.
+    let mut ghost = approval(&run, "c1");
+    ghost.run_id = new_id("run");
+    let err = store
+        .commit(
+            &ghost.run_id.clone(),
+            Commit {
+                approvals: vec![ghost.clone()],
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound), "got {err:?}");
+    assert_eq!(store.get_approval(&tenant, &ghost.id).await.unwrap(), None);
+
+    // An approval id that is taken fails the whole commit: no events, no
+    // messages, no status change, and the other approval is not created.
+    let first = approval(&run, "c1");
+    request_approvals(store, &run, std::slice::from_ref(&first)).await;
+    let fresh = approval(&run, "c2");
+    let mut clash = approval(&run, "c3");
+    clash.id = first.id.clone();
+    let result = store
+        .commit(
+            &run.id,
+            Commit {
+                events: vec![delta("lost")],
+                messages: vec![Message::user("lost")],
+                approvals: vec![fresh.clone(), clash],
+                patch: Some(RunPatch {
+                    status: Some(RunStatus::Failed),
+                    ..RunPatch::default()
+                }),
+            },
+        )
+        .await;
+    assert!(result.is_err(), "a duplicate approval id is refused");
+    assert_eq!(store.get_approval(&tenant, &fresh.id).await.unwrap(), None);
+    assert_eq!(
+        store.get_approval(&tenant, &first.id).await.unwrap(),
+        Some(first)
+    );
+    let stored = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::WaitingApproval);
+    assert_eq!(stored.last_seq, 1);
+    assert_eq!(store.events_after(&run.id, 0, 100).await.unwrap().len(), 1);
+    assert!(store.history(&run.id).await.unwrap().is_empty());
+
+    // Numbering goes on where the failed commit did not.
+    let next = store
+        .commit(
+            &run.id,
+            Commit {
+                events: vec![delta("kept")],
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(next[0].seq, 2);
+}
+
+/// `deciders` tasks race to decide one approval: exactly one wins, the
+/// others get `Conflict`, and the stored record is the winner's.
+pub async fn concurrent_deciders_one_wins(store: &Arc<dyn Store>, deciders: u32) {
+    let tenant = new_id("ten");
+    let run = create(store, &tenant, &new_id("ses")).await;
+    let pending = approval(&run, "c1");
+    request_approvals(store, &run, std::slice::from_ref(&pending)).await;
+
+    let mut handles = Vec::new();
+    for d in 0..deciders {
+        let store = Arc::clone(store);
+        let (tenant, id) = (tenant.clone(), pending.id.clone());
+        handles.push(tokio::spawn(async move {
+            let decision = if d % 2 == 0 {
+                ApprovalStatus::Approved
+            } else {
+                ApprovalStatus::Denied
+            };
+            let by = format!("approver-{d}");
+            store
+                .decide_approval(&tenant, &id, decision, &by, "raced")
+                .await
+        }));
+    }
+    let mut winners = Vec::new();
+    for handle in handles {
+        match handle.await.unwrap() {
+            Ok(record) => winners.push(record),
+            Err(StoreError::Conflict(_)) => {}
+            Err(e) => panic!("a losing decider must get Conflict, got {e:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one decision wins: {winners:?}");
+    let winner = winners.remove(0);
+    assert_ne!(winner.status, ApprovalStatus::Pending);
+    assert_eq!(
+        store.get_approval(&tenant, &pending.id).await.unwrap(),
+        Some(winner)
+    );
 }

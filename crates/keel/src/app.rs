@@ -5,9 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use keel_config::{Config, Env, ProcessEnv, ProviderKind};
-use keel_core::{AgentRuntime, Runtime, RuntimeOptions, ToolSet};
+use keel_config::{Config, Env, ProcessEnv, ProviderKind, ToolMode};
+use keel_core::{AgentRuntime, Guards, Runtime, RuntimeOptions, ToolSet};
+use keel_guard::hooks::{BeforeToolCall, ConfigHook};
+use keel_guard::policy::Policy;
+use keel_guard::verify::Verifier;
 use keel_protocol::{ModelClient, Principal, Store};
+use keel_providers::anthropic::{AnthropicClient, AnthropicSettings};
+use keel_providers::json_mode::JsonToolMode;
 use keel_providers::openai::{OpenAiClient, OpenAiSettings};
 use keel_store::SqliteStore;
 use keel_tools::LoadedTools;
@@ -116,49 +121,64 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     bail!("database_url `{url}`: only sqlite:// is supported by this build")
 }
 
+fn api_key(p: &keel_config::ProviderConfig, env: &dyn Env) -> Option<String> {
+    let var = p.api_key_env.as_ref()?;
+    let key = keel_config::secret_from_env(env, var);
+    if key.is_none() {
+        tracing::warn!(provider = %p.name, "environment variable {var} is not set; calling the provider without a key");
+    }
+    key.map(|k| secrecy::ExposeSecret::expose_secret(&k).to_owned())
+}
+
 fn model_client(
     p: &keel_config::ProviderConfig,
     env: &dyn Env,
 ) -> anyhow::Result<Arc<dyn ModelClient>> {
-    match p.kind {
+    let timeout = Duration::from_secs(p.timeout_s.max(1));
+    let backoff = Duration::from_millis(p.backoff_ms);
+    let client: Arc<dyn ModelClient> = match p.kind {
         ProviderKind::Openai => {
-            let api_key = match &p.api_key_env {
-                Some(var) => {
-                    let key = keel_config::secret_from_env(env, var);
-                    if key.is_none() {
-                        tracing::warn!(provider = %p.name, "environment variable {var} is not set; calling the provider without a key");
-                    }
-                    key.map(|k| secrecy::ExposeSecret::expose_secret(&k).to_owned())
-                }
-                None => None,
-            };
             let settings = OpenAiSettings {
                 base_url: p
                     .base_url
                     .clone()
                     .unwrap_or_else(|| "https://api.openai.com/v1".into()),
-                api_key,
+                api_key: api_key(p, env),
                 model: p.model.clone(),
                 stream: p.stream,
-                timeout: Duration::from_secs(p.timeout_s.max(1)),
+                timeout,
                 max_retries: p.max_retries,
-                backoff_base: Duration::from_millis(p.backoff_ms),
+                backoff_base: backoff,
                 context_window: p.context_window,
             };
-            let client =
-                OpenAiClient::new(settings).with_context(|| format!("provider `{}`", p.name))?;
-            Ok(Arc::new(client))
+            Arc::new(OpenAiClient::new(settings).with_context(|| format!("provider `{}`", p.name))?)
         }
-        other => bail!(
-            "provider `{}`: kind `{}` is not available in this build yet",
-            p.name,
-            match other {
-                ProviderKind::Anthropic => "anthropic",
-                ProviderKind::Local => "local",
-                ProviderKind::Openai => "openai",
-            }
+        ProviderKind::Anthropic => {
+            let mut settings = AnthropicSettings::new(
+                p.base_url
+                    .clone()
+                    .unwrap_or_else(|| AnthropicSettings::DEFAULT_BASE_URL.into()),
+                p.model.clone(),
+            );
+            settings.api_key = api_key(p, env);
+            settings.stream = p.stream;
+            settings.timeout = timeout;
+            settings.max_retries = p.max_retries;
+            settings.backoff_base = backoff;
+            settings.context_window = p.context_window;
+            Arc::new(
+                AnthropicClient::new(settings).with_context(|| format!("provider `{}`", p.name))?,
+            )
+        }
+        ProviderKind::Local => bail!(
+            "provider `{}`: kind `local` is not available in this build yet",
+            p.name
         ),
-    }
+    };
+    Ok(match p.tool_mode {
+        ToolMode::Native => client,
+        ToolMode::Json => Arc::new(JsonToolMode::new(client)),
+    })
 }
 
 pub async fn build(config: Config) -> anyhow::Result<App> {
@@ -192,7 +212,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let toolset = ToolSet::new(tools.tools.clone()).context("registering tools")?;
     let options = RuntimeOptions {
         approver_roles: config.auth.approver_roles.clone(),
-        ..RuntimeOptions::default()
+        approval_timeout: Duration::from_secs(config.policy.approval_timeout_s.max(1)),
+        guards: guards(&config)?,
     };
     let runtime = Runtime::new(store, toolset, agents, &default_agent, options)?;
     let mut keys = Vec::new();
@@ -217,5 +238,21 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         runtime,
         tools,
         keys,
+    })
+}
+
+/// Hooks, policy and verifier from `[[hooks]]`, `[policy]` and `[verify]`.
+fn guards(config: &Config) -> anyhow::Result<Guards> {
+    let policy = Policy::compile(&config.policy).context("policy")?;
+    let mut hooks: Vec<Arc<dyn BeforeToolCall>> = Vec::new();
+    for (i, h) in config.hooks.iter().enumerate() {
+        let hook = ConfigHook::compile(h).with_context(|| format!("hooks[{i}]"))?;
+        hooks.push(Arc::new(hook));
+    }
+    Ok(Guards {
+        policy,
+        hooks,
+        hook_timeout: keel_core::guards::DEFAULT_HOOK_TIMEOUT,
+        verifier: Verifier::new(&config.verify),
     })
 }

@@ -90,6 +90,7 @@ impl RunActor {
             approvals: vec![record],
         };
         let published = self.shared.store.commit(&self.run_id, commit).await?;
+        crate::telemetry::record(&self.agent.config.id, &published);
         self.shared.bus.publish(&published);
         Ok(())
     }

@@ -43,7 +43,6 @@ impl RunActor {
             ..RunPatch::default()
         };
         self.commit_patch(events, vec![answer], patch).await?;
-        metrics::counter!("keel_runs_total", "status" => "completed").increment(1);
         Ok(Flow::Done)
     }
 
@@ -134,7 +133,6 @@ impl RunActor {
         };
         self.commit_patch(vec![EventKind::RunFailed { error }], Vec::new(), patch)
             .await?;
-        metrics::counter!("keel_runs_total", "status" => "failed").increment(1);
         Ok(())
     }
 
@@ -156,7 +154,6 @@ impl RunActor {
         };
         self.commit_patch(vec![EventKind::RunCancelled { by }], Vec::new(), patch)
             .await?;
-        metrics::counter!("keel_runs_total", "status" => "cancelled").increment(1);
         Ok(())
     }
 

@@ -66,6 +66,8 @@ pub(crate) struct RunActor {
     cancel: CancellationToken,
     cancelled_by: Arc<std::sync::Mutex<Option<String>>>,
     steers: VecDeque<String>,
+    /// Notes for the model, committed after the current turn's tool results.
+    notes: Vec<String>,
     started: Instant,
 }
 
@@ -106,6 +108,7 @@ impl RunActor {
             cancel: init.cancel,
             cancelled_by: init.cancelled_by,
             steers: VecDeque::new(),
+            notes: Vec::new(),
             started,
         }
     }
@@ -242,6 +245,7 @@ impl RunActor {
         };
         let published = self.shared.store.commit(&self.run_id, commit).await?;
         self.history.extend(messages);
+        crate::telemetry::record(&self.agent.config.id, &published);
         self.shared.bus.publish(&published);
         Ok(())
     }

@@ -5,21 +5,14 @@ mod stream;
 mod wire;
 
 use std::fmt;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
 use futures::channel::mpsc::UnboundedSender;
 use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 
-use crate::retry::{backoff, parse_retry_after};
-
-/// Largest reply body keel reads; past it the provider is misbehaving and the
-/// reply is refused rather than allowed to exhaust memory.
-pub(crate) const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
-
-/// Largest error body kept for the error message.
-const MAX_ERROR_BODY: usize = 64 * 1024;
+use crate::http::{MAX_ERROR_BODY, MAX_REPLY_BYTES, read_body, transport_error};
+use crate::retry::{self, parse_retry_after};
 
 /// How to reach one Chat Completions endpoint.
 #[derive(Clone)]
@@ -195,100 +188,23 @@ impl ModelClient for OpenAiClient {
             bytes = body.len(),
             "chat completion request"
         );
-        let started = Instant::now();
-        let mut retries = 0u32;
-        loop {
-            let mut forwarded = false;
-            let error = match self.attempt(&body, deltas.as_ref(), &mut forwarded).await {
-                Ok(response) => {
-                    tracing::debug!(
-                        model = %self.settings.model,
-                        elapsed_ms = started.elapsed().as_millis() as u64,
-                        retries,
-                        text_chars = response.text.len(),
-                        tool_calls = response.tool_calls.len(),
-                        prompt_tokens = response.usage.prompt_tokens,
-                        completion_tokens = response.usage.completion_tokens,
-                        finish_reason = response.finish_reason.as_deref().unwrap_or(""),
-                        "chat completion response"
-                    );
-                    return Ok(response);
-                }
-                Err(error) => error,
-            };
-            if forwarded {
-                // The user already saw part of this reply; a retry would repeat it.
-                tracing::warn!(model = %self.settings.model, %error, "stream broke after text was shown; not retrying");
-                return Err(error);
-            }
-            if !error.is_retryable() {
-                tracing::debug!(model = %self.settings.model, %error, "chat completion failed");
-                return Err(error);
-            }
-            if retries >= self.settings.max_retries {
-                tracing::warn!(model = %self.settings.model, attempts = retries + 1, %error, "chat completion retries exhausted");
-                return Err(ModelError::RetriesExhausted {
-                    attempts: retries + 1,
-                    last: Box::new(error),
-                });
-            }
-            let delay = match &error {
-                ModelError::RateLimited {
-                    retry_after: Some(wait),
-                    ..
-                } => *wait,
-                _ => backoff(self.settings.backoff_base, retries),
-            };
-            retries += 1;
-            tracing::warn!(
-                model = %self.settings.model,
-                retry = retries,
-                max_retries = self.settings.max_retries,
-                delay_ms = delay.as_millis() as u64,
-                %error,
-                "chat completion failed; retrying"
-            );
-            tokio::time::sleep(delay).await;
-        }
+        let policy = retry::RetryPolicy {
+            max_retries: self.settings.max_retries,
+            backoff_base: self.settings.backoff_base,
+        };
+        let body = &body;
+        let deltas = deltas.as_ref();
+        retry::with_retries(
+            "chat_completions",
+            &self.settings.model,
+            policy,
+            move || async move {
+                let mut forwarded = false;
+                self.attempt(body, deltas, &mut forwarded)
+                    .await
+                    .map_err(|error| retry::Failed { error, forwarded })
+            },
+        )
+        .await
     }
-}
-
-/// Reads a whole body, failing on an idle gap longer than `idle` or past `limit` bytes.
-async fn read_body(
-    response: reqwest::Response,
-    idle: Duration,
-    limit: usize,
-) -> Result<Vec<u8>, ModelError> {
-    let mut body = Vec::new();
-    let mut chunks = response.bytes_stream();
-    loop {
-        let next = tokio::time::timeout(idle, chunks.next())
-            .await
-            .map_err(|_| ModelError::Timeout)?;
-        let Some(chunk) = next else { break };
-        let chunk = chunk.map_err(|e| transport_error(&e))?;
-        if body.len() + chunk.len() > limit {
-            return Err(ModelError::Protocol(format!(
-                "reply body exceeds {limit} bytes"
-            )));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
-/// Maps a transport failure, keeping the cause chain (reqwest's own message
-/// alone is just "error sending request").
-pub(crate) fn transport_error(error: &reqwest::Error) -> ModelError {
-    if error.is_timeout() {
-        return ModelError::Timeout;
-    }
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    ModelError::Connect(text)
 }

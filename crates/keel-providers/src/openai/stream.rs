@@ -10,8 +10,8 @@ use keel_protocol::{ModelError, ModelResponse, TokenUsage};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::wire::{WireUsage, arguments_text, excerpt, finish_call};
-use super::{MAX_REPLY_BYTES, transport_error};
+use super::wire::{WireUsage, arguments_text, finish_call};
+use crate::http::{MAX_REPLY_BYTES, excerpt, transport_error};
 
 #[derive(Debug, Deserialize)]
 struct Chunk {

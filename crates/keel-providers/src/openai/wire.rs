@@ -5,6 +5,8 @@ use keel_protocol::{Message, ModelError, ModelRequest, ModelResponse, TokenUsage
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::http::excerpt;
+
 /// Builds the body for `POST {base_url}/chat/completions`.
 pub(crate) fn request_body(model: &str, request: &ModelRequest, stream: bool) -> Value {
     let messages: Vec<Value> = request.messages.iter().map(message_to_wire).collect();
@@ -272,19 +274,6 @@ fn error_text(error: &Value) -> String {
         (None, None) => {}
     }
     text
-}
-
-/// Shortens provider text quoted in errors so one bad reply cannot flood logs.
-pub(crate) fn excerpt(text: &str) -> String {
-    const LIMIT: usize = 500;
-    if text.len() <= LIMIT {
-        return text.to_string();
-    }
-    let mut end = LIMIT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &text[..end], text.len())
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! read-only connections, WAL so that reads never wait for writes.
 
 mod approvals;
+mod checkpoint;
 mod codec;
 mod migrate;
 mod pool;
@@ -26,6 +27,9 @@ use writer::{WriteOp, Writer};
 
 /// Read connections kept open; reads beyond this many wait for one.
 const READERS: usize = 4;
+
+/// Bytes the WAL file is truncated to once it has been checkpointed.
+const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
 /// How long a connection waits for a lock held by another process.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -52,7 +56,7 @@ impl SqliteStore {
         // Readers open after the writer has switched the file to WAL and
         // created the schema, which a read-only connection could not do.
         let readers = ReadPool::open(path.to_path_buf(), READERS)?;
-        let writer = Writer::spawn(conn)?;
+        let writer = Writer::spawn(conn, path.to_path_buf(), BUSY_TIMEOUT)?;
         tracing::debug!(path = %path.display(), "opened sqlite store");
         Ok(Self { writer, readers })
     }
@@ -81,6 +85,12 @@ fn open_writer(path: &Path) -> Result<Connection, StoreError> {
         .map_err(db("enabling foreign keys"))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(db("setting busy timeout"))?;
+    // Checkpoints run on their own thread (see `checkpoint`), not inside a commit.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .map_err(db("disabling automatic checkpoints"))?;
+    // After a checkpoint has emptied it, the WAL file shrinks back to this.
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)
+        .map_err(db("setting WAL size limit"))?;
     conn.set_prepared_statement_cache_capacity(32);
     Ok(conn)
 }

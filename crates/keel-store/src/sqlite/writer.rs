@@ -5,13 +5,16 @@
 //! thread avoids lock contention and `SQLITE_BUSY`, and batching amortizes the
 //! cost of a commit over every request that arrived while the last one ran.
 
+use std::path::PathBuf;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rusqlite::{Connection, Savepoint, Transaction, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 use keel_protocol::{ApprovalRecord, ApprovalStatus, Commit, Event, NewRun, RunRecord, StoreError};
 
+use super::checkpoint::{self, Nudge};
 use super::writes;
 
 /// At most this many requests share one transaction, which bounds how long
@@ -93,18 +96,28 @@ impl WriteOp {
 pub(super) struct Writer {
     queue: Option<mpsc::Sender<WriteOp>>,
     thread: Option<JoinHandle<()>>,
+    checkpointer: Option<JoinHandle<()>>,
 }
 
 impl Writer {
-    pub(super) fn spawn(conn: Connection) -> Result<Self, StoreError> {
+    /// Starts the writer on `conn` (whose automatic checkpoints must be
+    /// off) and the checkpoint thread on a connection of its own to `path`.
+    pub(super) fn spawn(
+        conn: Connection,
+        path: PathBuf,
+        busy: Duration,
+    ) -> Result<Self, StoreError> {
+        let (nudge, checkpointer) = checkpoint::spawn(path, busy)?;
         let (queue, rx) = mpsc::channel(QUEUE_DEPTH);
+        // Should this fail, dropping `nudge` stops the checkpoint thread.
         let thread = std::thread::Builder::new()
             .name("keel-store-writer".into())
-            .spawn(move || run(conn, rx))
+            .spawn(move || run(conn, rx, &nudge))
             .map_err(|e| StoreError::Backend(format!("starting store writer thread: {e}")))?;
         Ok(Self {
             queue: Some(queue),
             thread: Some(thread),
+            checkpointer: Some(checkpointer),
         })
     }
 
@@ -131,10 +144,15 @@ impl Drop for Writer {
     /// sees them and finds the file released.
     fn drop(&mut self) {
         drop(self.queue.take());
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
+        // The writer holds the checkpointer's nudge: once it has stopped,
+        // so does the checkpointer.
+        for thread in [self.thread.take(), self.checkpointer.take()]
+            .into_iter()
+            .flatten()
         {
-            tracing::error!("store writer thread panicked");
+            if thread.join().is_err() {
+                tracing::error!("store background thread panicked");
+            }
         }
     }
 }
@@ -147,10 +165,11 @@ fn stopped() -> StoreError {
     StoreError::Backend("store writer has stopped".into())
 }
 
-fn run(mut conn: Connection, mut rx: mpsc::Receiver<WriteOp>) {
+fn run(mut conn: Connection, mut rx: mpsc::Receiver<WriteOp>, nudge: &Nudge) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.blocking_recv_many(&mut batch, MAX_BATCH) > 0 {
         apply_batch(&mut conn, batch.drain(..));
+        nudge.send();
     }
     tracing::debug!("store writer stopped");
 }

@@ -1,0 +1,147 @@
+//! The PostgreSQL store: the scale-out backend that several keel nodes share
+//! (SPEC §10). Same logical schema and semantics as the SQLite store; where
+//! SQLite relies on its single writer, this relies on row locks.
+
+mod approvals;
+mod codec;
+mod migrate;
+mod reads;
+mod writes;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+use sqlx::{Connection, PgPool};
+
+use keel_protocol::{
+    ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, Event, Message, NewRun, RunFilter,
+    RunPage, RunRecord, Store, StoreError,
+};
+
+/// Connections per node; PostgreSQL's default limit is 100 for all nodes.
+const MAX_CONNECTIONS: u32 = 10;
+
+/// How long a request waits for a free connection before failing.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`Store`] over a PostgreSQL database.
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` (`postgres://user@host:port/db`),
+    /// checks that it answers and brings its schema up to date.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Backend(format!("invalid PostgreSQL URL: {e}")))?;
+        // One plain connection first: a server that is down fails here at
+        // once, where the pool would keep retrying until its timeout.
+        let mut conn = PgConnection::connect_with(&options)
+            .await
+            .map_err(|e| StoreError::Backend(format!("connecting to PostgreSQL: {e}")))?;
+        migrate::migrate(&mut conn).await?;
+        conn.close()
+            .await
+            .map_err(|e| StoreError::Backend(format!("closing migration connection: {e}")))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::Backend(format!("connecting to PostgreSQL: {e}")))?;
+        tracing::debug!("connected to postgres store");
+        Ok(Self { pool })
+    }
+
+    /// The schema version this build creates and expects.
+    pub fn schema_version() -> i64 {
+        migrate::latest_version()
+    }
+
+    /// Waits for requests in flight, then closes every connection. Dropping
+    /// the store closes them too, but without waiting.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    async fn create_run(&self, run: NewRun) -> Result<(RunRecord, bool), StoreError> {
+        writes::create_run(&self.pool, run).await
+    }
+
+    async fn get_run(&self, tenant: &str, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        reads::get_run(&self.pool, tenant, id).await
+    }
+
+    async fn list_runs(&self, tenant: &str, filter: &RunFilter) -> Result<RunPage, StoreError> {
+        reads::list_runs(&self.pool, tenant, filter).await
+    }
+
+    async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError> {
+        writes::commit(&self.pool, run_id, commit).await
+    }
+
+    async fn events_after(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
+        reads::events_after(&self.pool, run_id, after, limit).await
+    }
+
+    async fn history(&self, run_id: &str) -> Result<Vec<Message>, StoreError> {
+        reads::history(&self.pool, run_id).await
+    }
+
+    async fn session_messages(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<Option<Vec<(String, Message)>>, StoreError> {
+        reads::session_messages(&self.pool, tenant, session).await
+    }
+
+    async fn unfinished_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        reads::unfinished_runs(&self.pool).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        reads::ping(&self.pool).await
+    }
+}
+
+#[async_trait::async_trait]
+impl ApprovalStore for PostgresStore {
+    async fn get_approval(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<ApprovalRecord>, StoreError> {
+        approvals::get(&self.pool, tenant, id).await
+    }
+
+    async fn list_approvals(
+        &self,
+        tenant: &str,
+        status: Option<ApprovalStatus>,
+        limit: u32,
+    ) -> Result<Vec<ApprovalRecord>, StoreError> {
+        approvals::list(&self.pool, tenant, status, limit).await
+    }
+
+    async fn decide_approval(
+        &self,
+        tenant: &str,
+        id: &str,
+        decision: ApprovalStatus,
+        by: &str,
+        reason: &str,
+    ) -> Result<ApprovalRecord, StoreError> {
+        approvals::decide(&self.pool, tenant, id, decision, by, reason).await
+    }
+}

@@ -1,0 +1,252 @@
+//! The write operations, each one transaction.
+//!
+//! Unlike SQLite, writes here run concurrently; what SQLite gets from its
+//! single writer, this gets from row locks and constraints.
+
+use serde_json::Value;
+use sqlx::{PgPool, Postgres, Row, Transaction};
+
+use keel_protocol::{Commit, Event, NewRun, RunRecord, RunStatus, StoreError, Usage};
+
+use super::approvals;
+use super::codec::{RawRun, db, is_unique_violation, now, run_columns, to_i64, to_json, to_u64};
+
+/// The run of this tenant created with this idempotency key, if any.
+async fn by_idempotency_key(
+    executor: impl sqlx::PgExecutor<'_>,
+    tenant: &str,
+    key: &str,
+) -> Result<Option<RunRecord>, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        run_columns!(),
+        " FROM runs WHERE tenant = $1 AND idempotency_key = $2"
+    ))
+    .bind(tenant)
+    .bind(key)
+    .fetch_optional(executor)
+    .await
+    .map_err(db("looking up idempotency key"))?;
+    row.map(|r| RawRun::from_row(&r)?.decode()).transpose()
+}
+
+pub(super) async fn create_run(
+    pool: &PgPool,
+    run: NewRun,
+) -> Result<(RunRecord, bool), StoreError> {
+    let tenant = run.principal.tenant.clone();
+    if let Some(key) = &run.idempotency_key
+        && let Some(existing) = by_idempotency_key(pool, &tenant, key).await?
+    {
+        return Ok((existing, false));
+    }
+
+    let now = now();
+    let record = RunRecord {
+        id: run.id,
+        tenant,
+        session: run.session,
+        agent: run.agent,
+        status: RunStatus::Queued,
+        input: run.input,
+        output: None,
+        pending: None,
+        steps: 0,
+        usage: Usage::default(),
+        error: None,
+        metadata: run.metadata,
+        created_at: now,
+        updated_at: now,
+        state: Value::Null,
+        principal: Some(run.principal),
+        last_seq: 0,
+    };
+
+    let mut tx = pool.begin().await.map_err(db("starting transaction"))?;
+    sqlx::query(
+        "INSERT INTO sessions (tenant, key, created_at) VALUES ($1, $2, $3) \
+         ON CONFLICT (tenant, key) DO NOTHING",
+    )
+    .bind(&record.tenant)
+    .bind(&record.session)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .map_err(db("inserting session"))?;
+
+    // A concurrent create with the same key makes this insert wait for it,
+    // then insert nothing: the key's run is then the other one.
+    let inserted = sqlx::query(
+        "INSERT INTO runs (id, tenant, session, agent, status, input, steps, usage, \
+         metadata, state, principal, idempotency_key, last_seq, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, 0, $7::json, $8::json, $9::json, $10::json, $11, 0, \
+         $12, $12) \
+         ON CONFLICT (tenant, idempotency_key) DO NOTHING",
+    )
+    .bind(&record.id)
+    .bind(&record.tenant)
+    .bind(&record.session)
+    .bind(&record.agent)
+    .bind(record.status.as_str())
+    .bind(&record.input)
+    .bind(to_json(&record.usage, "usage")?)
+    .bind(to_json(&record.metadata, "metadata")?)
+    .bind(to_json(&record.state, "state")?)
+    .bind(to_json(&record.principal, "principal")?)
+    .bind(&run.idempotency_key)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| {
+        if is_unique_violation(&e) {
+            StoreError::Conflict(format!("run {} already exists", record.id))
+        } else {
+            StoreError::Backend(format!("inserting run: {e}"))
+        }
+    })?
+    .rows_affected();
+
+    if inserted == 1 {
+        tx.commit().await.map_err(db("committing run"))?;
+        return Ok((record, true));
+    }
+    // Nothing of this request may stay, not even its session.
+    tx.rollback().await.map_err(db("rolling back run"))?;
+    let key = run.idempotency_key.as_deref().unwrap_or_default();
+    match by_idempotency_key(pool, &record.tenant, key).await? {
+        Some(existing) => Ok((existing, false)),
+        None => Err(StoreError::Backend(format!(
+            "run {} was neither inserted nor found by its idempotency key",
+            record.id
+        ))),
+    }
+}
+
+pub(super) async fn commit(
+    pool: &PgPool,
+    run_id: &str,
+    commit: Commit,
+) -> Result<Vec<Event>, StoreError> {
+    let mut tx = pool.begin().await.map_err(db("starting transaction"))?;
+    let events = apply_commit(&mut tx, run_id, commit).await?;
+    tx.commit().await.map_err(db("committing"))?;
+    Ok(events)
+}
+
+async fn apply_commit(
+    tx: &mut Transaction<'_, Postgres>,
+    run_id: &str,
+    commit: Commit,
+) -> Result<Vec<Event>, StoreError> {
+    // The row lock makes concurrent commits to one run take turns, each
+    // seeing the last_seq the previous one wrote.
+    let row = sqlx::query("SELECT tenant, session, last_seq FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(run_id)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db("locking run"))?
+        .ok_or(StoreError::NotFound)?;
+    let tenant: String = row.try_get(0).map_err(db("reading run"))?;
+    let session: String = row.try_get(1).map_err(db("reading run"))?;
+    let last_seq: i64 = row.try_get(2).map_err(db("reading run"))?;
+
+    let ts = now();
+    let mut seq = to_u64(last_seq, "last_seq")?;
+
+    let mut events = Vec::with_capacity(commit.events.len());
+    if !commit.events.is_empty() {
+        let mut seqs = Vec::with_capacity(commit.events.len());
+        let mut types = Vec::with_capacity(commit.events.len());
+        let mut bodies = Vec::with_capacity(commit.events.len());
+        for kind in commit.events {
+            seq = seq
+                .checked_add(1)
+                .ok_or_else(|| StoreError::Backend("event sequence overflow".into()))?;
+            let event = Event {
+                run_id: run_id.to_owned(),
+                seq,
+                ts,
+                kind,
+            };
+            seqs.push(to_i64(seq, "seq")?);
+            types.push(event.type_name().to_owned());
+            bodies.push(to_json(&event, "event")?);
+            events.push(event);
+        }
+        sqlx::query(
+            "INSERT INTO events (run_id, seq, type, body, ts) \
+             SELECT $1, e.seq, e.type, e.body::json, $2 \
+             FROM UNNEST($3::bigint[], $4::text[], $5::text[]) AS e (seq, type, body)",
+        )
+        .bind(run_id)
+        .bind(ts)
+        .bind(seqs)
+        .bind(types)
+        .bind(bodies)
+        .execute(&mut **tx)
+        .await
+        .map_err(db("inserting events"))?;
+    }
+
+    if !commit.messages.is_empty() {
+        let bodies = commit
+            .messages
+            .iter()
+            .map(|m| to_json(m, "message"))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Ids are drawn in the order rows are inserted; ORDER BY keeps that
+        // the order of the commit.
+        sqlx::query(
+            "INSERT INTO messages (tenant, session, run_id, body) \
+             SELECT $1, $2, $3, m.body::json \
+             FROM UNNEST($4::text[]) WITH ORDINALITY AS m (body, n) ORDER BY m.n",
+        )
+        .bind(&tenant)
+        .bind(&session)
+        .bind(run_id)
+        .bind(bodies)
+        .execute(&mut **tx)
+        .await
+        .map_err(db("inserting messages"))?;
+    }
+
+    for approval in &commit.approvals {
+        approvals::insert(&mut **tx, approval).await?;
+    }
+
+    let patch = commit.patch.unwrap_or_default();
+    // `pending` has three states (keep, clear, set), hence the flag next to the value.
+    let (set_pending, pending) = match &patch.pending {
+        None => (false, None),
+        Some(Value::Null) => (true, None),
+        Some(v) => (true, Some(to_json(v, "pending")?)),
+    };
+    sqlx::query(
+        "UPDATE runs SET \
+           status = COALESCE($2, status), \
+           output = COALESCE($3, output), \
+           pending = CASE WHEN $4 THEN $5::json ELSE pending END, \
+           steps = COALESCE($6, steps), \
+           usage = COALESCE($7::json, usage), \
+           error = COALESCE($8::json, error), \
+           state = COALESCE($9::json, state), \
+           last_seq = $10, \
+           updated_at = $11 \
+         WHERE id = $1",
+    )
+    .bind(run_id)
+    .bind(patch.status.map(RunStatus::as_str))
+    .bind(patch.output)
+    .bind(set_pending)
+    .bind(pending)
+    .bind(patch.steps.map(i64::from))
+    .bind(patch.usage.map(|u| to_json(&u, "usage")).transpose()?)
+    .bind(patch.error.map(|e| to_json(&e, "error")).transpose()?)
+    .bind(patch.state.map(|s| to_json(&s, "state")).transpose()?)
+    .bind(to_i64(seq, "last_seq")?)
+    .bind(ts)
+    .execute(&mut **tx)
+    .await
+    .map_err(db("updating run"))?;
+    Ok(events)
+}

@@ -1,0 +1,87 @@
+//! WAL checkpoints, moved off the writer thread.
+//!
+//! A checkpoint copies the WAL back into the database file and syncs both;
+//! SQLite's automatic checkpoint runs it inside whichever commit crosses the
+//! threshold, which makes that commit wait for two `fsync`s. Here the writer
+//! disables it and nudges this thread instead, which runs a PASSIVE
+//! checkpoint (it never blocks the writer or readers) on its own connection.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+use keel_protocol::StoreError;
+
+use super::codec::db;
+
+/// Least time between two checkpoints: bounds their cost under a steady
+/// stream of commits while keeping the WAL short.
+const MIN_INTERVAL: Duration = Duration::from_millis(50);
+
+/// A checkpoint also runs this long after the last one when nothing nudges,
+/// so that a write burst is folded back into the database soon after.
+const IDLE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Lets the writer ask for a checkpoint; the thread stops once this is dropped.
+pub(super) struct Nudge(SyncSender<()>);
+
+impl Nudge {
+    /// Asks for a checkpoint without ever waiting: one already requested suffices.
+    pub(super) fn send(&self) {
+        match self.0.try_send(()) {
+            Ok(()) | Err(TrySendError::Full(())) | Err(TrySendError::Disconnected(())) => {}
+        }
+    }
+}
+
+pub(super) fn spawn(path: PathBuf, busy: Duration) -> Result<(Nudge, JoinHandle<()>), StoreError> {
+    let conn = Connection::open(&path).map_err(db("opening checkpoint connection"))?;
+    conn.busy_timeout(busy)
+        .map_err(db("setting busy timeout"))?;
+    let (nudge, requests) = mpsc::sync_channel(1);
+    let thread = std::thread::Builder::new()
+        .name("keel-store-checkpoint".into())
+        .spawn(move || run(&conn, &requests))
+        .map_err(|e| StoreError::Backend(format!("starting checkpoint thread: {e}")))?;
+    Ok((Nudge(nudge), thread))
+}
+
+fn run(conn: &Connection, requests: &mpsc::Receiver<()>) {
+    let mut due = false;
+    loop {
+        if !due {
+            match requests.recv_timeout(IDLE_INTERVAL) {
+                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        checkpoint(conn);
+        // Rest before the next one; a nudge meanwhile makes it due at once.
+        let rested = Instant::now() + MIN_INTERVAL;
+        due = match requests.recv_timeout(MIN_INTERVAL) {
+            Ok(()) => {
+                std::thread::sleep(rested.saturating_duration_since(Instant::now()));
+                true
+            }
+            Err(RecvTimeoutError::Timeout) => false,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+    }
+}
+
+fn checkpoint(conn: &Connection) {
+    let result = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    });
+    match result {
+        Ok((_, wal_pages, copied)) => tracing::trace!(wal_pages, copied, "wal checkpoint"),
+        Err(e) => tracing::warn!(error = %e, "wal checkpoint failed"),
+    }
+}
