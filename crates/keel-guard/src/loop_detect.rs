@@ -579,7 +579,14 @@ impl CallHistory {
     /// The tail of calls that have an outcome must alternate between the
     /// proposed call and exactly one other; any third call breaks it.
     fn ping_pong(&self, tool: &str, call: &str, s: &LoopSettings) -> Option<LoopHit> {
-        let mut with_outcome = self.records.iter().rev().filter(|r| r.outcome.is_some());
+        // A blocked call still took its turn in the alternation (it has no
+        // outcome, so it does not count for stability): otherwise the block
+        // itself would reset the pattern and the model could resume it.
+        let mut with_outcome = self
+            .records
+            .iter()
+            .rev()
+            .filter(|r| r.outcome.is_some() || r.kind == Outcome::Blocked);
         let last = with_outcome.next()?;
         if last.call == call {
             return None;

@@ -35,6 +35,7 @@ impl ToolServer {
             .route("/slow", get(slow))
             .route("/restart", post(restart))
             .route("/tenant_rows", get(tenant_rows))
+            .route("/job/{id}", get(job))
             .with_state(calls.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -87,10 +88,35 @@ async fn restart(State(c): State<Calls>, Json(body): Json<Value>) -> Json<Value>
     Json(json!({"restarted": body.get("furnace_id").cloned().unwrap_or(Value::Null)}))
 }
 
-async fn tenant_rows(State(c): State<Calls>) -> Json<Value> {
-    c.record("tenant_rows", json!({}));
-    Json(json!({"rows": [
-        {"tenant_id": "acme", "batch": "A-1", "output_kg": 120},
-        {"tenant_id": "globex", "batch": "G-9", "output_kg": 999}
-    ]}))
+/// Rows of two tenants: a backend that forgets to filter by tenant.
+/// `GLOBEX-SECRET-BATCH` must never reach acme's model, events or logs.
+async fn tenant_rows(
+    State(c): State<Calls>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Json<Value> {
+    c.record("tenant_rows", json!(q));
+    let only = q.get("only").map(String::as_str);
+    let mut rows = vec![json!({"tenant_id": "acme", "batch": "A-1", "output_kg": 120})];
+    if only != Some("acme") {
+        rows.push(json!({"tenant_id": "globex", "batch": "GLOBEX-SECRET-BATCH", "output_kg": 999}));
+    }
+    Json(json!({"rows": rows}))
+}
+
+/// A job whose status either advances on every poll or is stuck.
+async fn job(State(c): State<Calls>, Path(id): Path<String>) -> Json<Value> {
+    let n =
+        c.0.lock()
+            .unwrap()
+            .iter()
+            .filter(|(r, a)| r == "job" && a["id"] == id)
+            .count();
+    c.record("job", json!({"id": id}));
+    if id.starts_with("stuck") {
+        Json(
+            json!({"id": id, "status": "running", "progress": 10, "checked_at": format!("2026-11-22T00:00:{n:02}Z")}),
+        )
+    } else {
+        Json(json!({"id": id, "status": "running", "progress": n * 10}))
+    }
 }

@@ -14,7 +14,6 @@ use keel_protocol::{ModelClient, Principal, Store};
 use keel_providers::anthropic::{AnthropicClient, AnthropicSettings};
 use keel_providers::json_mode::JsonToolMode;
 use keel_providers::openai::{OpenAiClient, OpenAiSettings};
-use keel_store::SqliteStore;
 use keel_tools::LoadedTools;
 
 pub struct App {
@@ -106,19 +105,30 @@ fn toml_string(s: &str) -> String {
     format!("\"{escaped}\"")
 }
 
+/// The store named by `server.database_url`: SQLite (default, under
+/// `data_dir`) or PostgreSQL.
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    let url = config.server.database_url.clone().unwrap_or_else(|| {
-        format!(
-            "sqlite://{}/keel.db",
-            config.server.data_dir.trim_end_matches('/')
-        )
-    });
-    if let Some(path) = url.strip_prefix("sqlite://") {
-        let store = SqliteStore::open(Path::new(path))
-            .with_context(|| format!("opening the SQLite store at {path}"))?;
-        return Ok(Arc::new(store));
+    let url = database_url(config);
+    keel_store::open(&url)
+        .await
+        .with_context(|| format!("opening the store ({})", scheme_of(&url)))
+}
+
+pub fn database_url(config: &Config) -> String {
+    config
+        .server
+        .database_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}/keel.db", config.server.data_dir.trim_end_matches('/')))
+}
+
+/// The URL without credentials, for messages.
+fn scheme_of(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) if scheme == "sqlite" => format!("sqlite://{rest}"),
+        Some((scheme, _)) => format!("{scheme}://…"),
+        None => "invalid URL".into(),
     }
-    bail!("database_url `{url}`: only sqlite:// is supported by this build")
 }
 
 fn api_key(p: &keel_config::ProviderConfig, env: &dyn Env) -> Option<String> {

@@ -887,3 +887,37 @@ fn names_match_the_event_vocabulary() {
     assert_eq!(Warning.as_str(), "warning");
     assert_eq!(Critical.as_str(), "critical");
 }
+
+#[test]
+fn a_blocked_call_keeps_its_place_in_a_ping_pong() {
+    let s = LoopSettings::default();
+    let mut h = CallHistory::default();
+    let a = call_fingerprint("status", &serde_json::json!({"id": "A"}));
+    let b = call_fingerprint("status", &serde_json::json!({"id": "B"}));
+    let rec = |call: &str, outcome: Option<&str>, kind: Outcome| CallRecord {
+        tool: "status".into(),
+        call: call.into(),
+        outcome: outcome.map(str::to_owned),
+        kind,
+        poll: false,
+    };
+    for i in 0..7 {
+        let (c, o) = if i % 2 == 0 { (&a, "oa") } else { (&b, "ob") };
+        h.record(rec(c, Some(o), Outcome::Ok));
+    }
+    let hit = h
+        .check("status", &b, false, &s)
+        .expect("eighth alternating call");
+    assert_eq!(
+        (hit.detector, hit.level),
+        (Detector::PingPong, Level::Critical)
+    );
+    h.record(rec(&b, None, Outcome::Blocked));
+    let again = h
+        .check("status", &a, false, &s)
+        .expect("resuming the alternation");
+    assert_eq!(
+        (again.detector, again.level),
+        (Detector::PingPong, Level::Critical)
+    );
+}

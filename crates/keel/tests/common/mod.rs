@@ -26,6 +26,8 @@ pub struct Env {
     pub extra_tools: String,
     pub stream: bool,
     pub auth: bool,
+    /// `KEEL_LOG` for the server process.
+    pub log: String,
 }
 
 impl Env {
@@ -37,6 +39,7 @@ impl Env {
             extra_tools: String::new(),
             stream: true,
             auth: false,
+            log: "warn".into(),
         }
     }
 }
@@ -88,7 +91,7 @@ timeout_s = 5
 id = "default"
 provider = "main"
 system_prompt = "You are the plant operations assistant."
-tools = ["furnace_status", "slow_op", "restart_furnace", "shutdown_line"]
+tools = ["furnace_status", "slow_op", "restart_furnace", "shutdown_line", "tenant_rows", "job_status"]
 {agent_extra}
 
 [[tools.http]]
@@ -124,6 +127,21 @@ method = "POST"
 url = "{tools}/restart"
 parameters = {{ type = "object", properties = {{ furnace_id = {{ type = "string" }} }}, required = ["furnace_id"] }}
 risk = "dangerous"
+
+[[tools.http]]
+name = "tenant_rows"
+description = "Production rows of the caller's plant"
+method = "GET"
+url = "{tools}/tenant_rows"
+parameters = {{ type = "object", properties = {{ tenant_id = {{ type = "string" }}, only = {{ type = "string" }} }} }}
+
+[[tools.http]]
+name = "job_status"
+description = "Status of a running casting job"
+method = "GET"
+url = "{tools}/job/{{job_id}}"
+parameters = {{ type = "object", properties = {{ job_id = {{ type = "string" }} }}, required = ["job_id"] }}
+poll = true
 {extra_tools}
 {auth}
 "#,
@@ -144,6 +162,7 @@ pub struct Keel {
     config_path: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     http: reqwest::Client,
+    log_level: String,
 }
 
 impl Keel {
@@ -160,6 +179,7 @@ impl Keel {
             config_path,
             _tmp: Some(tmp),
             http: reqwest::Client::new(),
+            log_level: env.log.clone(),
         };
         k.spawn().await;
         k
@@ -170,13 +190,19 @@ impl Keel {
             .arg("serve")
             .arg("--config")
             .arg(&self.config_path)
-            .env("KEEL_LOG", "warn")
+            .env("KEEL_LOG", &self.log_level)
             .env("TEST_KEY_ACME", KEY_ACME)
             .env("TEST_KEY_GLOBEX", KEY_GLOBEX)
             .env("TEST_KEY_ACME_CAROL", KEY_ACME_CAROL)
             .env_remove("KEEL_CONFIG")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join("keel.log"))
+                    .unwrap(),
+            ))
             .kill_on_drop(true)
             .spawn()
             .unwrap();
@@ -196,6 +222,11 @@ impl Keel {
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         self.base = line;
         self.child = Some(child);
+    }
+
+    /// Everything the server wrote to stderr (its log), across restarts.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("keel.log")).unwrap_or_default()
     }
 
     /// SIGKILL, as a crash would.
