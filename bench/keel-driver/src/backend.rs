@@ -71,6 +71,6 @@ mod tests {
             "x".repeat(160)
         );
         assert_eq!(lookup_payload("k3"), want);
-        assert_eq!(lookup_payload("k3").len(), 204);
+        assert_eq!(lookup_payload("k3").len(), 200);
     }
 }

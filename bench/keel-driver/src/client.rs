@@ -17,10 +17,17 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(keel_url: &str, wait: Wait, poll: Duration) -> Result<Client, String> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .tcp_nodelay(true)
+    pub fn new(
+        keel_url: &str,
+        wait: Wait,
+        poll: Duration,
+        fresh_conn: bool,
+    ) -> Result<Client, String> {
+        let mut builder = reqwest::Client::builder().no_proxy().tcp_nodelay(true);
+        if fresh_conn {
+            builder = builder.pool_max_idle_per_host(0);
+        }
+        let http = builder
             .build()
             .map_err(|e| format!("HTTP client: {e}"))?;
         Ok(Client {

@@ -99,7 +99,7 @@ async fn main_async(o: Opts) -> Result<(), String> {
         server.url,
         tmp.0.display()
     );
-    let client = Client::new(&server.url, o.wait, o.poll)?;
+    let client = Client::new(&server.url, o.wait, o.poll, o.fresh_conn)?;
     let outcome = bench(&o, &client, server.pid).await;
     let peak_rss_kb = keel::status_kb(server.pid, "VmHWM");
     let end_rss_kb = keel::status_kb(server.pid, "VmRSS");
@@ -116,6 +116,7 @@ async fn main_async(o: Opts) -> Result<(), String> {
     obj.insert("lookup_requests".into(), json!(lookups.get()));
     obj.insert("keel_bin".into(), json!(bin.display().to_string()));
     obj.insert("llm_wire".into(), json!("json"));
+    obj.insert("fresh_conn".into(), json!(o.fresh_conn));
     obj.insert(
         "wait".into(),
         json!(match o.wait {

@@ -115,17 +115,18 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
 }
 
 pub fn database_url(config: &Config) -> String {
-    config
-        .server
-        .database_url
-        .clone()
-        .unwrap_or_else(|| format!("sqlite://{}/keel.db", config.server.data_dir.trim_end_matches('/')))
+    config.server.database_url.clone().unwrap_or_else(|| {
+        format!(
+            "sqlite://{}/keel.db",
+            config.server.data_dir.trim_end_matches('/')
+        )
+    })
 }
 
 /// The URL without credentials, for messages.
 fn scheme_of(url: &str) -> String {
     match url.split_once("://") {
-        Some((scheme, rest)) if scheme == "sqlite" => format!("sqlite://{rest}"),
+        Some(("sqlite", rest)) => format!("sqlite://{rest}"),
         Some((scheme, _)) => format!("{scheme}://…"),
         None => "invalid URL".into(),
     }
