@@ -123,6 +123,9 @@ mod duration_ms {
 pub struct ToolContext {
     pub tenant: String,
     pub principal: String,
+    /// The agent running the call (memory is scoped by tenant and agent).
+    pub agent: String,
+    pub session: String,
     pub run_id: String,
     pub call_id: String,
 }

@@ -76,6 +76,8 @@ fn ctx() -> ToolContext {
     ToolContext {
         tenant: "acme".into(),
         principal: "alice".into(),
+        agent: "default".into(),
+        session: "ses_1".into(),
         run_id: "run_1".into(),
         call_id: "call_1".into(),
     }

@@ -680,6 +680,8 @@ impl RunActor {
         let ctx = ToolContext {
             tenant: self.principal.tenant.clone(),
             principal: self.principal.id.clone(),
+            agent: self.agent.config.id.clone(),
+            session: self.session.clone(),
             run_id: self.run_id.clone(),
             call_id: call.id.clone(),
         };
