@@ -46,6 +46,22 @@ impl EventBus {
         }
     }
 
+    /// Whether anyone here follows the run right now.
+    pub fn is_watched(&self, run_id: &str) -> bool {
+        self.lock()
+            .get(run_id)
+            .is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
+    /// Runs someone here follows right now.
+    pub fn watched(&self) -> Vec<String> {
+        self.lock()
+            .iter()
+            .filter(|(_, tx)| tx.receiver_count() > 0)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// Drops the channel of a run nobody watches any more.
     pub fn release(&self, run_id: &str) {
         let mut map = self.lock();

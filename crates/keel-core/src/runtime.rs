@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use keel_protocol::{
-    ApprovalRecord, ApprovalStatus, Event, Message, NewRun, Principal, RunFilter, RunPage,
-    RunRecord, RunStatus, Store, ToolSpec,
+    ApprovalRecord, ApprovalStatus, Coordination, Event, Message, NewRun, Principal, RunFilter,
+    RunPage, RunRecord, RunStatus, Store, ToolSpec,
 };
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
@@ -28,6 +28,7 @@ pub(crate) enum Command {
     FollowUp(String),
     /// An approval of this run was decided; the run re-reads it from the store.
     ApprovalDecided,
+    ToolOutputs(Vec<ClientToolOutput>),
 }
 
 /// Settings of the runtime as a whole.
@@ -38,6 +39,10 @@ pub struct RuntimeOptions {
     /// Undecided approvals expire (a denial) after this long.
     pub approval_timeout: std::time::Duration,
     pub guards: crate::guards::Guards,
+    /// Where session summaries go on reset; none = summaries are not kept.
+    pub memory: Option<crate::session_reset::SharedSessionMemory>,
+    /// Messages kept verbatim when the summary cannot be written by the model.
+    pub summary_fallback_messages: usize,
 }
 
 struct Handle {
@@ -48,6 +53,9 @@ struct Handle {
 
 pub(crate) struct Shared {
     pub store: Arc<dyn Store>,
+    /// Who owns which run when nodes share the store; every actor commit
+    /// goes through it.
+    pub coord: Arc<dyn Coordination>,
     pub bus: EventBus,
     pub tools: Arc<ToolSet>,
     pub options: RuntimeOptions,
@@ -65,6 +73,40 @@ impl Shared {
     fn lock_active(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handle>> {
         self.active.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Runs with an actor in this process.
+    pub(crate) fn active_ids(&self) -> Vec<String> {
+        self.lock_active().keys().cloned().collect()
+    }
+
+    pub(crate) fn has_actor(&self, run_id: &str) -> bool {
+        self.lock_active().contains_key(run_id)
+    }
+
+    /// Hands a command to the run's actor in this process; gives it back
+    /// when there is none.
+    pub(crate) fn deliver_local(&self, run_id: &str, cmd: Command) -> Result<(), Command> {
+        match self.lock_active().get(run_id) {
+            Some(h) => h.commands.send(cmd).map_err(|e| e.0),
+            None => Err(cmd),
+        }
+    }
+
+    /// Cancels the run's actor in this process; false when there is none.
+    /// `by` is recorded only if nobody cancelled it first.
+    pub(crate) fn cancel_local(&self, run_id: &str, by: Option<&str>) -> bool {
+        let active = self.lock_active();
+        let Some(h) = active.get(run_id) else {
+            return false;
+        };
+        if let Some(by) = by
+            && let Ok(mut b) = h.cancelled_by.lock()
+        {
+            b.get_or_insert_with(|| by.to_owned());
+        }
+        h.cancel.cancel();
+        true
+    }
 }
 
 /// A request to start a run.
@@ -75,6 +117,16 @@ pub struct StartRun {
     pub agent: Option<String>,
     pub idempotency_key: Option<String>,
     pub metadata: Value,
+    /// Functions the caller executes itself (Responses API): when the model
+    /// calls one, the run pauses and hands the call back to the client.
+    pub client_tools: Vec<keel_protocol::ToolSchema>,
+}
+
+/// The client's result for one call of a client tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientToolOutput {
+    pub call_id: String,
+    pub output: String,
 }
 
 #[derive(Clone)]
@@ -83,9 +135,26 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// `default_agent` must name one of `agents`.
+    /// `default_agent` must name one of `agents`. The runtime is the only
+    /// node: it owns every run of `store`.
     pub fn new(
         store: Arc<dyn Store>,
+        tools: ToolSet,
+        agents: Vec<AgentRuntime>,
+        default_agent: &str,
+        options: RuntimeOptions,
+    ) -> Result<Self, CoreError> {
+        let coord = Arc::new(keel_protocol::SingleNode::new(store.clone()));
+        Self::with_coordination(store, coord, tools, agents, default_agent, options)
+    }
+
+    /// A runtime that is one node among several sharing `store` (SPEC §10):
+    /// it runs only the runs it holds a lease on, and in the background
+    /// renews its leases, takes over runs of dead nodes, and relays events
+    /// and commands between nodes. Must be called inside a Tokio runtime.
+    pub fn with_coordination(
+        store: Arc<dyn Store>,
+        coord: Arc<dyn Coordination>,
         tools: ToolSet,
         agents: Vec<AgentRuntime>,
         default_agent: &str,
@@ -100,9 +169,10 @@ impl Runtime {
                 "default agent `{default_agent}` is not configured"
             )));
         }
-        Ok(Self {
+        let runtime = Self {
             shared: Arc::new(Shared {
                 store,
+                coord,
                 bus: EventBus::new(),
                 tools: Arc::new(tools),
                 guards: options.guards.clone(),
@@ -111,7 +181,36 @@ impl Runtime {
                 default_agent: default_agent.to_owned(),
                 active: Mutex::new(HashMap::new()),
             }),
-        })
+        };
+        if runtime.shared.coord.is_shared() {
+            crate::cluster::start(&runtime.shared);
+        }
+        Ok(runtime)
+    }
+
+    pub(crate) fn from_shared(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// This node's id among the nodes sharing the store.
+    pub fn node_id(&self) -> &str {
+        self.shared.coord.node_id()
+    }
+
+    /// Runs this node owns: its live leases when nodes share the store,
+    /// else the runs with an actor here.
+    pub async fn owned_runs(&self) -> Result<u64, CoreError> {
+        if self.shared.coord.is_shared() {
+            Ok(self.shared.coord.owned_count().await?)
+        } else {
+            Ok(self.active_runs() as u64)
+        }
+    }
+
+    /// Gives up this node's runs so that other nodes take them over at
+    /// once rather than after the lease (graceful shutdown).
+    pub async fn release_runs(&self) -> Result<(), CoreError> {
+        Ok(self.shared.coord.release_all().await?)
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -130,6 +229,18 @@ impl Runtime {
 
     pub fn default_agent(&self) -> &str {
         &self.shared.default_agent
+    }
+
+    pub fn agent(&self, id: &str) -> Option<AgentRuntime> {
+        self.shared.agents.get(id).cloned()
+    }
+
+    pub fn options(&self) -> &RuntimeOptions {
+        &self.shared.options
+    }
+
+    pub(crate) fn session_memory(&self) -> Option<crate::session_reset::SharedSessionMemory> {
+        self.shared.options.memory.clone()
     }
 
     pub async fn start_run(
@@ -155,6 +266,26 @@ impl Runtime {
                 self.agent_ids().join(", ")
             )));
         };
+        let reset = match (
+            &req.session,
+            crate::session_reset::is_reset_command(&req.input),
+        ) {
+            (Some(session), true) => match self
+                .reset_session(principal, session, Some(&agent_id))
+                .await
+            {
+                Ok(r) => Some(format!(
+                    "Started a new session. The previous conversation ({} messages) was archived as {} and its summary saved to memory{}.",
+                    r.messages,
+                    r.archived_as,
+                    r.memory_id.map(|id| format!(" ({id})")).unwrap_or_default()
+                )),
+                Err(CoreError::NotFound) => Some("Started a new session.".to_owned()),
+                Err(e) => return Err(e),
+            },
+            (None, true) => Some("Started a new session.".to_owned()),
+            _ => None,
+        };
         let new = NewRun {
             id: keel_protocol::new_id("run"),
             principal: principal.clone(),
@@ -164,9 +295,28 @@ impl Runtime {
             idempotency_key: req.idempotency_key,
             metadata: req.metadata,
         };
+        let client_tools = req.client_tools;
+        for t in &client_tools {
+            if self.shared.tools.get(&t.name).is_some() || t.name == crate::clarify::CLARIFY_TOOL {
+                return Err(CoreError::BadRequest(format!(
+                    "tools: `{}` is already a server-side tool; client tools need their own names",
+                    t.name
+                )));
+            }
+        }
         let (record, created) = self.shared.store.create_run(new).await?;
         if created {
-            self.spawn(record.clone(), agent);
+            let mut first = record.clone();
+            // Persisted with the run's first commit (run_started).
+            let state = crate::state::LoopState {
+                client_tools,
+                canned_answer: reset,
+                ..Default::default()
+            };
+            first.state = state.to_value();
+            if self.shared.coord.acquire(&record.id).await? {
+                self.spawn(first, agent);
+            }
         }
         Ok(record)
     }
@@ -204,30 +354,71 @@ impl Runtime {
                 run.status.as_str()
             )));
         }
-        self.send(&run, Command::Input(text))
+        if run
+            .pending
+            .as_ref()
+            .and_then(|p| p.get("type"))
+            .and_then(Value::as_str)
+            == Some("client_tool")
+        {
+            return Err(CoreError::Conflict(format!(
+                "run {id} waits for client tool outputs, not for text input"
+            )));
+        }
+        self.send(&run, Command::Input(text)).await
+    }
+
+    /// Results of client tool calls the run handed back; the run continues
+    /// with them through the same verification as server-side tools.
+    pub async fn submit_tool_outputs(
+        &self,
+        tenant: &str,
+        id: &str,
+        outputs: Vec<ClientToolOutput>,
+    ) -> Result<(), CoreError> {
+        let run = self.get_run(tenant, id).await?;
+        let waiting_for_client = run.status == RunStatus::WaitingInput
+            && run
+                .pending
+                .as_ref()
+                .and_then(|p| p.get("type"))
+                .and_then(Value::as_str)
+                == Some("client_tool");
+        if !waiting_for_client {
+            return Err(CoreError::Conflict(format!(
+                "run {id} is not waiting for client tool outputs ({})",
+                run.status.as_str()
+            )));
+        }
+        self.send(&run, Command::ToolOutputs(outputs)).await
     }
 
     pub async fn steer(&self, tenant: &str, id: &str, text: String) -> Result<(), CoreError> {
         let run = self.live_run(tenant, id).await?;
-        self.send(&run, Command::Steer(text))
+        self.send(&run, Command::Steer(text)).await
     }
 
     pub async fn follow_up(&self, tenant: &str, id: &str, text: String) -> Result<(), CoreError> {
         let run = self.live_run(tenant, id).await?;
-        self.send(&run, Command::FollowUp(text))
+        self.send(&run, Command::FollowUp(text)).await
     }
 
     /// Cancels the run: its model stream and running tool are dropped at once.
     pub async fn cancel(&self, tenant: &str, id: &str, by: &str) -> Result<(), CoreError> {
         let run = self.live_run(tenant, id).await?;
-        self.ensure_actor(&run)?;
-        let active = self.shared.lock_active();
-        if let Some(h) = active.get(&run.id) {
-            if let Ok(mut b) = h.cancelled_by.lock() {
-                b.get_or_insert_with(|| by.to_owned());
+        if self.shared.coord.is_shared() {
+            if !self.shared.cancel_local(&run.id, Some(by)) {
+                crate::cluster::post(
+                    &self.shared,
+                    &run,
+                    crate::cluster::Posted::Cancel(by.to_owned()),
+                )
+                .await?;
             }
-            h.cancel.cancel();
+            return Ok(());
         }
+        self.ensure_actor(&run)?;
+        self.shared.cancel_local(&run.id, Some(by));
         Ok(())
     }
 
@@ -286,7 +477,7 @@ impl Runtime {
             && !run.status.is_terminal()
         {
             // The run may live in another process; it also polls the store.
-            let _ = self.send(&run, Command::ApprovalDecided);
+            let _ = self.send(&run, Command::ApprovalDecided).await;
         }
         Ok(record)
     }
@@ -321,8 +512,18 @@ impl Runtime {
     }
 
     /// Restarts an actor for every run that was not finished when the
-    /// process stopped. Returns how many were resumed.
+    /// process stopped. Returns how many were resumed. With a shared store:
+    /// takes over the runs no live node owns, and keeps doing so from then
+    /// on (call once).
     pub async fn resume_unfinished(&self) -> Result<usize, CoreError> {
+        if self.shared.coord.is_shared() {
+            // Runs this node id held before a restart are free at once; the
+            // rest is claimed like any other node's.
+            self.shared.coord.release_all().await?;
+            let taken = crate::cluster::claim_round(&self.shared).await?;
+            crate::cluster::start_claiming(&self.shared);
+            return Ok(taken);
+        }
         let runs = self.shared.store.unfinished_runs().await?;
         let mut n = 0;
         for run in runs {
@@ -349,7 +550,16 @@ impl Runtime {
         Ok(run)
     }
 
-    fn send(&self, run: &RunRecord, cmd: Command) -> Result<(), CoreError> {
+    async fn send(&self, run: &RunRecord, cmd: Command) -> Result<(), CoreError> {
+        if self.shared.coord.is_shared() {
+            // Runs elsewhere (or nowhere yet): through its mailbox to the owner.
+            return match self.shared.deliver_local(&run.id, cmd) {
+                Ok(()) => Ok(()),
+                Err(cmd) => {
+                    crate::cluster::post(&self.shared, run, crate::cluster::Posted::Run(cmd)).await
+                }
+            };
+        }
         self.ensure_actor(run)?;
         let active = self.shared.lock_active();
         match active.get(&run.id) {
@@ -364,7 +574,20 @@ impl Runtime {
         }
     }
 
+    /// Single node only: with a shared store a run gets an actor only on
+    /// the node that holds its lease (see `adopt`).
     fn ensure_actor(&self, run: &RunRecord) -> Result<(), CoreError> {
+        if self.shared.coord.is_shared() {
+            return Err(CoreError::Conflict(format!(
+                "run {} is not owned by this node",
+                run.id
+            )));
+        }
+        self.adopt(run)
+    }
+
+    /// Starts an actor for a run this node owns, unless one runs already.
+    pub(crate) fn adopt(&self, run: &RunRecord) -> Result<(), CoreError> {
         if self.shared.lock_active().contains_key(&run.id) {
             return Ok(());
         }

@@ -25,6 +25,15 @@ pub struct LoopState {
     /// Critical loop hits so far: the first blocks a call, the second ends the run.
     #[serde(default)]
     pub loop_criticals: u32,
+    /// The run's answer is already known (a session command such as `/new`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canned_answer: Option<String>,
+    /// Functions the caller executes itself, declared when the run started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<keel_protocol::ToolSchema>,
+    /// Client tool calls handed to the caller, awaiting their outputs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_waiting: Vec<keel_protocol::ToolCall>,
     /// Seconds the run spent waiting for people; excluded from `max_wall_time`.
     #[serde(default)]
     pub waited_s: f64,

@@ -4,6 +4,7 @@
 //! Kept free of any runtime, HTTP or database crate so that every other
 //! crate can depend on it without pulling those in.
 
+pub mod coord;
 pub mod event;
 pub mod message;
 pub mod model;
@@ -12,6 +13,7 @@ pub mod run;
 pub mod store;
 pub mod tool;
 
+pub use coord::{Coordination, Notice, Notices, QueuedCommand, SingleNode};
 pub use event::{Action, Decision, Event, EventKind, PlannedCall};
 pub use message::{Message, ToolCall};
 pub use model::{ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolSchema};

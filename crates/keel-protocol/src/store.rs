@@ -15,6 +15,10 @@ pub enum StoreError {
     Conflict(String),
     #[error("storage failure: {0}")]
     Backend(String),
+    /// This node no longer owns the run (its lease expired or another node
+    /// took it over): nothing was written.
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
 }
 
 /// A run to create.
@@ -108,6 +112,15 @@ pub trait Store: ApprovalStore + Send + Sync {
         tenant: &str,
         session: &str,
     ) -> Result<Option<Vec<(String, Message)>>, StoreError>;
+
+    /// Moves a session's messages to a new archived session (returned with
+    /// them), so that the next run of the session starts fresh. A session
+    /// with a run still going is a conflict; an unknown one is `NotFound`.
+    async fn archive_session(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<(String, Vec<(String, Message)>), StoreError>;
 
     /// Runs that are not terminal: the work to resume after a restart.
     async fn unfinished_runs(&self) -> Result<Vec<RunRecord>, StoreError>;

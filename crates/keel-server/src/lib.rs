@@ -23,6 +23,8 @@ pub struct AppState {
     pub auth: Arc<Auth>,
     pub max_body_bytes: usize,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Long-term memory for `/ai/memory/*`; `None` answers those with 503.
+    pub memory: Option<Arc<dyn keel_memory::Memory>>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -35,6 +37,14 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Without TCP_NODELAY the last small SSE frame of a run waits for the
+    // client's delayed ACK of the previous one (tens of milliseconds).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await

@@ -30,6 +30,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     patch_semantics(&store).await;
     history_order(&store).await;
     session_messages(&store).await;
+    archive_session(&store).await;
     list_filters_and_pagination(&store).await;
     list_page_sizes(&store).await;
     unfinished_runs(&store).await;
@@ -1241,5 +1242,56 @@ pub async fn concurrent_deciders_one_wins(store: &Arc<dyn Store>, deciders: u32)
     assert_eq!(
         store.get_approval(&tenant, &pending.id).await.unwrap(),
         Some(winner)
+    );
+}
+
+/// Archiving moves a finished session's messages to a session of their own;
+/// a session with a run still going, or of another tenant, is refused.
+pub async fn archive_session(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let session = new_id("ses");
+    let run = create(store, &tenant, &session).await;
+    let busy = store.archive_session(&tenant, &session).await;
+    assert!(matches!(busy, Err(StoreError::Conflict(_))), "{busy:?}");
+    store
+        .commit(
+            &run.id,
+            Commit {
+                messages: vec![
+                    Message::user("F7 crucible replaced"),
+                    Message::user("noted"),
+                ],
+                patch: Some(RunPatch {
+                    status: Some(keel_protocol::RunStatus::Completed),
+                    ..RunPatch::default()
+                }),
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    let other = store.archive_session(&new_id("ten"), &session).await;
+    assert!(matches!(other, Err(StoreError::NotFound)), "{other:?}");
+    let (archived, messages) = store.archive_session(&tenant, &session).await.unwrap();
+    assert!(archived.starts_with(&format!("{session}~")), "{archived}");
+    assert_eq!(
+        messages,
+        vec![
+            (run.id.clone(), Message::user("F7 crucible replaced")),
+            (run.id.clone(), Message::user("noted")),
+        ]
+    );
+    assert_eq!(
+        store.session_messages(&tenant, &session).await.unwrap(),
+        Some(vec![])
+    );
+    assert_eq!(
+        store.session_messages(&tenant, &archived).await.unwrap(),
+        Some(messages)
+    );
+    let later = create(store, &tenant, &session).await;
+    assert!(
+        store.history(&later.id).await.unwrap().is_empty(),
+        "a new run starts fresh"
     );
 }

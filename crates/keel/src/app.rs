@@ -57,6 +57,9 @@ pub fn load_config(source: &Source) -> anyhow::Result<Config> {
         }
     }
     .map_err(|e| anyhow::anyhow!("invalid configuration:\n{e}"))?;
+    if let Source::Defaults = source {
+        crate::zero_config::announce(&loaded.config);
+    }
     for w in &loaded.warnings {
         tracing::warn!("{w}");
     }
@@ -66,6 +69,9 @@ pub fn load_config(source: &Source) -> anyhow::Result<Config> {
 /// With no file, keel talks to any OpenAI-compatible endpoint named by the
 /// usual variables, with one agent that may use every tool.
 fn default_config_text(env: &dyn Env) -> String {
+    if let Some(local) = crate::zero_config::local_default_text(env) {
+        return local;
+    }
     let base = env
         .var("OPENAI_BASE_URL")
         .unwrap_or_else(|| "https://api.openai.com/v1".into());
@@ -105,13 +111,36 @@ fn toml_string(s: &str) -> String {
     format!("\"{escaped}\"")
 }
 
-/// The store named by `server.database_url`: SQLite (default, under
-/// `data_dir`) or PostgreSQL.
-pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+/// The store as this node sees it: with PostgreSQL, one node among the
+/// several that may share the database (SPEC §10).
+pub async fn open_node(
+    config: &Config,
+) -> anyhow::Result<(Arc<dyn Store>, Arc<dyn keel_protocol::Coordination>)> {
     let url = database_url(config);
-    keel_store::open(&url)
+    let node = keel_store::NodeSettings {
+        node_id: node_id(config),
+        lease: Duration::from_secs(config.server.lease_s.max(1)),
+    };
+    keel_store::open_node(&url, node)
         .await
         .with_context(|| format!("opening the store ({})", scheme_of(&url)))
+}
+
+/// `server.node_id`, else `<hostname>-<pid>-<random>`: unique per process,
+/// so a restarted node never mistakes its predecessor's leases for its own.
+fn node_id(config: &Config) -> String {
+    if let Some(id) = &config.server.node_id {
+        return id.clone();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().replace(char::is_whitespace, "_"))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "keel".into());
+    let unique = keel_protocol::new_id("n");
+    let random = &unique[unique.len().saturating_sub(6)..];
+    format!("{host}-{}-{random}", std::process::id())
 }
 
 pub fn database_url(config: &Config) -> String {
@@ -124,7 +153,7 @@ pub fn database_url(config: &Config) -> String {
 }
 
 /// The URL without credentials, for messages.
-fn scheme_of(url: &str) -> String {
+pub fn scheme_of(url: &str) -> String {
     match url.split_once("://") {
         Some(("sqlite", rest)) => format!("sqlite://{rest}"),
         Some((scheme, _)) => format!("{scheme}://…"),
@@ -144,6 +173,7 @@ fn api_key(p: &keel_config::ProviderConfig, env: &dyn Env) -> Option<String> {
 fn model_client(
     p: &keel_config::ProviderConfig,
     env: &dyn Env,
+    data_dir: &Path,
 ) -> anyhow::Result<Arc<dyn ModelClient>> {
     let timeout = Duration::from_secs(p.timeout_s.max(1));
     let backoff = Duration::from_millis(p.backoff_ms);
@@ -181,10 +211,16 @@ fn model_client(
                 AnthropicClient::new(settings).with_context(|| format!("provider `{}`", p.name))?,
             )
         }
-        ProviderKind::Local => bail!(
-            "provider `{}`: kind `local` is not available in this build yet",
-            p.name
-        ),
+        #[cfg(feature = "local")]
+        ProviderKind::Local => crate::local_provider::client(p, data_dir)?,
+        #[cfg(not(feature = "local"))]
+        ProviderKind::Local => {
+            let _ = data_dir;
+            bail!(
+                "provider `{}`: this keel was built without the `local` feature",
+                p.name
+            )
+        }
     };
     Ok(match p.tool_mode {
         ToolMode::Native => client,
@@ -194,7 +230,9 @@ fn model_client(
 
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let env = ProcessEnv;
-    let store = open_store(&config).await?;
+    let (store, coord) = open_node(&config).await?;
+    #[cfg(feature = "local")]
+    crate::local_provider::ensure_models(&config).await?;
     let mut agents = Vec::new();
     for a in &config.agents {
         let provider = config
@@ -206,7 +244,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             })?;
         agents.push(AgentRuntime {
             config: a.clone(),
-            model: model_client(provider, &env)?,
+            model: model_client(provider, &env, Path::new(&config.server.data_dir))?,
         });
     }
     if agents.is_empty() {
@@ -225,8 +263,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         approver_roles: config.auth.approver_roles.clone(),
         approval_timeout: Duration::from_secs(config.policy.approval_timeout_s.max(1)),
         guards: guards(&config)?,
+        memory: None,
+        summary_fallback_messages: 20,
     };
-    let runtime = Runtime::new(store, toolset, agents, &default_agent, options)?;
+    let runtime =
+        Runtime::with_coordination(store, coord, toolset, agents, &default_agent, options)?;
     let mut keys = Vec::new();
     for (i, k) in config.auth.keys.iter().enumerate() {
         let Some(value) = env.var(&k.key_env).filter(|v| !v.is_empty()) else {

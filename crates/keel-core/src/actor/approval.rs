@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use keel_protocol::{
-    ApprovalRecord, ApprovalStatus, Commit, Decision, EventKind, Risk, RunPatch, RunStatus,
-    StoreError, ToolCall,
+    ApprovalRecord, ApprovalStatus, Decision, EventKind, Risk, RunPatch, RunStatus, StoreError,
+    ToolCall,
 };
 use serde_json::Value;
 
@@ -78,20 +78,10 @@ impl RunActor {
         let patch = RunPatch {
             status: Some(RunStatus::WaitingApproval),
             pending: Some(pending),
-            steps: Some(self.steps),
-            usage: Some(self.usage),
-            state: Some(self.state.to_value()),
             ..RunPatch::default()
         };
-        let commit = Commit {
-            events,
-            messages: Vec::new(),
-            patch: Some(patch),
-            approvals: vec![record],
-        };
-        let published = self.shared.store.commit(&self.run_id, commit).await?;
-        crate::telemetry::record(&self.agent.config.id, &published);
-        self.shared.bus.publish(&published);
+        self.commit_with(events, Vec::new(), patch, vec![record])
+            .await?;
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 //! happens to it (executed, refused, skipped by steering, cancelled).
 
 mod approval;
+mod client;
 mod finish;
 mod model_call;
 mod recover;
@@ -68,6 +69,8 @@ pub(crate) struct RunActor {
     steers: VecDeque<String>,
     /// Notes for the model, committed after the current turn's tool results.
     notes: Vec<String>,
+    /// Work held back until the next commit (see `hold`).
+    held: (Vec<EventKind>, Vec<Message>),
     started: Instant,
 }
 
@@ -109,6 +112,7 @@ impl RunActor {
             cancelled_by: init.cancelled_by,
             steers: VecDeque::new(),
             notes: Vec::new(),
+            held: (Vec::new(), Vec::new()),
             started,
         }
     }
@@ -155,8 +159,15 @@ impl RunActor {
             RunStatus::Running => self.recover().await?,
             _ => {}
         }
+        if let Some(answer) = self.state.canned_answer.take() {
+            self.finish_answer(answer, "answered").await?;
+            return Ok(());
+        }
         loop {
-            let flow = if let Some(a) = self.state.awaiting_approval.clone() {
+            let flow = if !self.state.client_waiting.is_empty() {
+                let outputs = self.wait_for_tool_outputs().await?;
+                self.resolve_tool_outputs(outputs).await?
+            } else if let Some(a) = self.state.awaiting_approval.clone() {
                 let record = self.wait_for_approval(&a).await?;
                 self.resolve_approval(a, record).await?
             } else if self.state.waiting.is_some() {
@@ -183,7 +194,7 @@ impl RunActor {
             Command::Steer(t) => self.steers.push_back(t),
             Command::FollowUp(t) => self.state.follow_ups.push_back(t),
             // Input is only forwarded while waiting; an early one is dropped by the runtime.
-            Command::Input(_) | Command::ApprovalDecided => {}
+            Command::Input(_) | Command::ApprovalDecided | Command::ToolOutputs(_) => {}
         }
     }
 
@@ -232,22 +243,56 @@ impl RunActor {
         &mut self,
         events: Vec<EventKind>,
         messages: Vec<Message>,
+        patch: RunPatch,
+    ) -> Result<(), Exit> {
+        self.commit_with(events, messages, patch, Vec::new()).await
+    }
+
+    /// The one place a run writes: held-back work first, then this change,
+    /// with the loop's counters and state, in one transaction; events are
+    /// published only once stored.
+    async fn commit_with(
+        &mut self,
+        events: Vec<EventKind>,
+        messages: Vec<Message>,
         mut patch: RunPatch,
+        approvals: Vec<keel_protocol::ApprovalRecord>,
     ) -> Result<(), Exit> {
         patch.steps = Some(self.steps);
         patch.usage = Some(self.usage);
         patch.state = Some(self.state.to_value());
+        self.history.extend(messages.iter().cloned());
+        let (mut all_events, mut all_messages) = std::mem::take(&mut self.held);
+        all_events.extend(events);
+        all_messages.extend(messages);
         let commit = Commit {
-            events,
-            messages: messages.clone(),
+            events: all_events,
+            messages: all_messages,
             patch: Some(patch),
-            approvals: Vec::new(),
+            approvals,
         };
-        let published = self.shared.store.commit(&self.run_id, commit).await?;
-        self.history.extend(messages);
+        // Through the coordination: a node that lost the run writes nothing.
+        let published = match self.shared.coord.commit(&self.run_id, commit).await {
+            Ok(published) => published,
+            Err(StoreError::LeaseLost(why)) => {
+                tracing::warn!(run = %self.run_id, %why, "run taken over by another node; this actor stops");
+                return Err(Exit::Detached);
+            }
+            Err(e) => return Err(e.into()),
+        };
         crate::telemetry::record(&self.agent.config.id, &published);
         self.shared.bus.publish(&published);
         Ok(())
+    }
+
+    /// Holds events and messages back until the next commit, which always
+    /// follows before the run waits or calls the model again. Saves one
+    /// transaction per tool turn; a crash in between loses only the model's
+    /// latest answer, which the resumed run asks for again.
+    fn hold(&mut self, events: Vec<EventKind>, messages: Vec<Message>) {
+        self.history.extend(messages.iter().cloned());
+        self.held.0.extend(events);
+        self.held.1.extend(messages);
     }
 
     /// Tool calls of the last assistant turn that have no result yet.

@@ -19,6 +19,9 @@ impl RunActor {
         request: ModelRequest,
         deadline: Option<Instant>,
     ) -> Result<(ModelResponse, Duration), Exit> {
+        if !self.held.0.is_empty() || !self.held.1.is_empty() {
+            self.commit(Vec::new(), Vec::new()).await?;
+        }
         debug_assert!(
             self.unanswered_calls().is_empty(),
             "every tool call needs a result before the next model call"

@@ -10,15 +10,29 @@ pub async fn healthz() -> impl IntoResponse {
     Json(json!({"status": "ok"}))
 }
 
+/// Store health, and which node this is with how many runs it owns (with
+/// several nodes on one database, the load balancer's view of each).
 pub async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+    let node = s.runtime.node_id().to_owned();
     match s.runtime.store().ping().await {
-        Ok(()) => (
-            StatusCode::OK,
-            Json(json!({"status": "ready", "checks": {"store": "ok"}})),
-        ),
+        Ok(()) => {
+            let owned = s.runtime.owned_runs().await.ok();
+            (
+                StatusCode::OK,
+                Json(json!({
+                    "status": "ready",
+                    "checks": {"store": "ok"},
+                    "node": {"id": node, "owned_runs": owned},
+                })),
+            )
+        }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "not_ready", "checks": {"store": e.to_string()}})),
+            Json(json!({
+                "status": "not_ready",
+                "checks": {"store": e.to_string()},
+                "node": {"id": node},
+            })),
         ),
     }
 }

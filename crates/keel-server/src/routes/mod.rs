@@ -1,5 +1,7 @@
 mod approvals;
 mod health;
+mod memory;
+mod responses;
 mod runs;
 mod sessions;
 mod tools;
@@ -25,6 +27,12 @@ pub fn router() -> Router<AppState> {
         )
         .route("/ai/tools", get(tools::list))
         .route("/ai/sessions/{key}", get(sessions::get))
+        .route("/ai/sessions/{key}/reset", post(sessions::reset))
+        .route("/ai/memory/search", get(memory::search))
+        .route("/ai/memory/documents", post(memory::add_document))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/models", get(responses::models))
+        .route("/v1/models/{id}", get(responses::model))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))

@@ -59,6 +59,7 @@ pub async fn create(
         agent: body.agent,
         idempotency_key: body.idempotency_key,
         metadata: body.metadata.map(Value::Object).unwrap_or(Value::Null),
+        client_tools: Vec::new(),
     };
     let run = s
         .runtime

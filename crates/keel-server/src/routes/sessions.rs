@@ -28,3 +28,22 @@ pub async fn get(
         .collect();
     Ok(Json(json!({"key": key, "messages": list})))
 }
+
+#[derive(serde::Deserialize)]
+pub struct ResetQuery {
+    agent: Option<String>,
+}
+
+/// Archives the session and writes its summary to long-term memory.
+pub async fn reset(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(key): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<ResetQuery>,
+) -> Result<Json<keel_core::SessionReset>, ApiError> {
+    s.runtime
+        .reset_session(&p, &key, q.agent.as_deref())
+        .await
+        .map(Json)
+        .map_err(|e| from_core(e, "session"))
+}

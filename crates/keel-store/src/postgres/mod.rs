@@ -4,6 +4,7 @@
 
 mod approvals;
 mod codec;
+mod coord;
 mod migrate;
 mod reads;
 mod writes;
@@ -13,6 +14,8 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool};
+
+pub use coord::PgNode;
 
 use keel_protocol::{
     ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, Event, Message, NewRun, RunFilter,
@@ -104,6 +107,14 @@ impl Store for PostgresStore {
         session: &str,
     ) -> Result<Option<Vec<(String, Message)>>, StoreError> {
         reads::session_messages(&self.pool, tenant, session).await
+    }
+
+    async fn archive_session(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<(String, Vec<(String, Message)>), StoreError> {
+        writes::archive_session(&self.pool, tenant, session).await
     }
 
     async fn unfinished_runs(&self) -> Result<Vec<RunRecord>, StoreError> {

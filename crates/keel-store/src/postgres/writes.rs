@@ -133,7 +133,7 @@ pub(super) async fn commit(
     Ok(events)
 }
 
-async fn apply_commit(
+pub(super) async fn apply_commit(
     tx: &mut Transaction<'_, Postgres>,
     run_id: &str,
     commit: Commit,
@@ -249,4 +249,70 @@ async fn apply_commit(
     .await
     .map_err(db("updating run"))?;
     Ok(events)
+}
+
+/// Moves the session's messages to `<session>~<timestamp>` (a session of its
+/// own) and returns them, oldest first, with the run that wrote each.
+pub(super) async fn archive_session(
+    pool: &PgPool,
+    tenant: &str,
+    session: &str,
+) -> Result<(String, Vec<(String, keel_protocol::Message)>), StoreError> {
+    let mut tx = pool.begin().await.map_err(db("starting transaction"))?;
+    let exists: Option<i32> =
+        sqlx::query_scalar("SELECT 1 FROM sessions WHERE tenant = $1 AND key = $2 FOR UPDATE")
+            .bind(tenant)
+            .bind(session)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db("locking session"))?;
+    if exists.is_none() {
+        return Err(StoreError::NotFound);
+    }
+    let busy: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM runs WHERE tenant = $1 AND session = $2 \
+         AND status NOT IN ('completed', 'failed', 'cancelled'))",
+    )
+    .bind(tenant)
+    .bind(session)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db("checking session runs"))?;
+    if busy {
+        return Err(StoreError::Conflict(format!(
+            "session {session} has a run still going; wait for it or cancel it first"
+        )));
+    }
+    let ts = now();
+    let archived = format!("{session}~{}", ts.format("%Y%m%dT%H%M%S%.6fZ"));
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT run_id, body::text FROM messages WHERE tenant = $1 AND session = $2 ORDER BY id",
+    )
+    .bind(tenant)
+    .bind(session)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db("reading session messages"))?;
+    let messages = rows
+        .into_iter()
+        .map(|(run_id, body)| Ok((run_id, super::codec::from_json(&body, "message")?)))
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    sqlx::query("INSERT INTO sessions (tenant, key, created_at) VALUES ($1, $2, $3)")
+        .bind(tenant)
+        .bind(&archived)
+        .bind(ts)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("creating archived session"))?;
+    sqlx::query("UPDATE messages SET session = $3 WHERE tenant = $1 AND session = $2")
+        .bind(tenant)
+        .bind(session)
+        .bind(&archived)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("archiving messages"))?;
+    tx.commit()
+        .await
+        .map_err(db("committing session archive"))?;
+    Ok((archived, messages))
 }

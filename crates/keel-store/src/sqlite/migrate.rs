@@ -13,6 +13,7 @@ use super::codec::db;
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0001_init.sql"),
     include_str!("../../migrations/sqlite/0002_approvals.sql"),
+    include_str!("../../migrations/sqlite/0003_leases.sql"),
 ];
 
 /// The schema version this build writes.

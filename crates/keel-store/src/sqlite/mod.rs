@@ -156,6 +156,23 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn archive_session(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<(String, Vec<(String, Message)>), StoreError> {
+        let (tenant, session) = (tenant.to_owned(), session.to_owned());
+        let value = self
+            .writer
+            .submit(|reply| WriteOp::Exec {
+                run: Box::new(move |conn| writes::archive_session(conn, &tenant, &session)),
+                reply,
+            })
+            .await?;
+        serde_json::from_value(value)
+            .map_err(|e| StoreError::Backend(format!("decoding archived session: {e}")))
+    }
+
     async fn unfinished_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
         self.readers.run(reads::unfinished_runs).await
     }

@@ -44,7 +44,15 @@ pub(super) enum WriteOp {
         reason: String,
         reply: Reply<ApprovalRecord>,
     },
+    /// Any other write, as a closure over the connection.
+    Exec {
+        run: ExecFn,
+        reply: Reply<serde_json::Value>,
+    },
 }
+
+pub(super) type ExecFn =
+    Box<dyn FnOnce(&Connection) -> Result<serde_json::Value, StoreError> + Send>;
 
 /// A request that has been applied (or refused) inside the open transaction;
 /// its result is only sent once that transaction has committed.
@@ -59,15 +67,29 @@ enum Applied {
         Reply<ApprovalRecord>,
         Box<Result<ApprovalRecord, StoreError>>,
     ),
+    Exec(
+        Reply<serde_json::Value>,
+        Result<serde_json::Value, StoreError>,
+    ),
 }
 
 impl Applied {
+    fn succeeded(&self) -> bool {
+        match self {
+            Self::CreateRun(_, r) => r.is_ok(),
+            Self::Commit(_, r) => r.is_ok(),
+            Self::Decide(_, r) => r.is_ok(),
+            Self::Exec(_, r) => r.is_ok(),
+        }
+    }
+
     fn deliver(self) {
         // A caller that stopped waiting has nothing left to tell.
         match self {
             Self::CreateRun(reply, result) => drop(reply.send(*result)),
             Self::Commit(reply, result) => drop(reply.send(result)),
             Self::Decide(reply, result) => drop(reply.send(*result)),
+            Self::Exec(reply, result) => drop(reply.send(result)),
         }
     }
 
@@ -77,6 +99,7 @@ impl Applied {
             Self::CreateRun(reply, _) => drop(reply.send(backend(message))),
             Self::Commit(reply, _) => drop(reply.send(backend(message))),
             Self::Decide(reply, _) => drop(reply.send(backend(message))),
+            Self::Exec(reply, _) => drop(reply.send(backend(message))),
         }
     }
 }
@@ -87,6 +110,7 @@ impl WriteOp {
             Self::CreateRun { reply, .. } => drop(reply.send(backend(message))),
             Self::Commit { reply, .. } => drop(reply.send(backend(message))),
             Self::Decide { reply, .. } => drop(reply.send(backend(message))),
+            Self::Exec { reply, .. } => drop(reply.send(backend(message))),
         }
     }
 }
@@ -174,8 +198,14 @@ fn run(mut conn: Connection, mut rx: mpsc::Receiver<WriteOp>, nudge: &Nudge) {
     tracing::debug!("store writer stopped");
 }
 
-fn apply_batch(conn: &mut Connection, ops: impl ExactSizeIterator<Item = WriteOp>) {
+fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = WriteOp>) {
     let size = ops.len();
+    if size == 1
+        && let Some(op) = ops.next()
+    {
+        apply_single(conn, op);
+        return;
+    }
     let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => {
@@ -214,6 +244,60 @@ fn apply_batch(conn: &mut Connection, ops: impl ExactSizeIterator<Item = WriteOp
     }
 }
 
+/// A batch of one (the common case when runs are few) needs no savepoint:
+/// its transaction is the unit that commits or rolls back. The transaction
+/// statements are cached, so nothing is parsed again per commit.
+fn apply_single(conn: &mut Connection, op: WriteOp) {
+    if let Err(e) = exec_cached(conn, "BEGIN IMMEDIATE") {
+        let message = format!("starting write transaction: {e}");
+        tracing::error!(error = %e, "store writer could not start a transaction");
+        op.reject(&message);
+        return;
+    }
+    let applied = match op {
+        WriteOp::CreateRun { run, reply } => {
+            Applied::CreateRun(reply, Box::new(writes::create_run(conn, run)))
+        }
+        WriteOp::Commit {
+            run_id,
+            commit,
+            reply,
+        } => Applied::Commit(reply, writes::commit(conn, &run_id, commit)),
+        WriteOp::Decide {
+            tenant,
+            id,
+            decision,
+            by,
+            reason,
+            reply,
+        } => Applied::Decide(
+            reply,
+            Box::new(super::approvals::decide(
+                conn, &tenant, &id, decision, &by, &reason,
+            )),
+        ),
+        WriteOp::Exec { run, reply } => Applied::Exec(reply, run(conn)),
+    };
+    let end = if applied.succeeded() {
+        exec_cached(conn, "COMMIT")
+    } else {
+        exec_cached(conn, "ROLLBACK")
+    };
+    match end {
+        Ok(()) => applied.deliver(),
+        Err(e) => {
+            let message = format!("ending write transaction: {e}");
+            tracing::error!(error = %message, "store write rolled back");
+            let _ = exec_cached(conn, "ROLLBACK");
+            applied.fail(&message);
+        }
+    }
+}
+
+fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 /// Applies one request inside its own savepoint, so that a refused request
 /// leaves no trace while the others of the batch still commit. The second
 /// value is set when the savepoint itself failed: the transaction can no
@@ -231,6 +315,7 @@ fn apply_one(tx: &mut Transaction<'_>, op: WriteOp) -> (Applied, Option<String>)
                 WriteOp::Decide { reply, .. } => {
                     Applied::Decide(reply, Box::new(backend(&message)))
                 }
+                WriteOp::Exec { reply, .. } => Applied::Exec(reply, backend(&message)),
             };
             return (applied, Some(message));
         }
@@ -261,6 +346,11 @@ fn apply_one(tx: &mut Transaction<'_>, op: WriteOp) -> (Applied, Option<String>)
             let result = super::approvals::decide(&sp, &tenant, &id, decision, &by, &reason);
             let (result, failure) = settle(sp, result);
             (Applied::Decide(reply, Box::new(result)), failure)
+        }
+        WriteOp::Exec { run, reply } => {
+            let result = run(&sp);
+            let (result, failure) = settle(sp, result);
+            (Applied::Exec(reply, result), failure)
         }
     }
 }

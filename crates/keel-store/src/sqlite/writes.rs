@@ -3,9 +3,9 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 
-use keel_protocol::{Commit, Event, NewRun, RunRecord, RunStatus, StoreError, Usage};
+use keel_protocol::{Commit, Event, Message, NewRun, RunRecord, RunStatus, StoreError, Usage};
 
-use super::codec::{RUN_COLUMNS, RawRun, db, to_i64, to_json, to_u64, ts_to_sql};
+use super::codec::{RUN_COLUMNS, RawRun, db, from_json, to_i64, to_json, to_u64, ts_to_sql};
 
 pub(super) fn create_run(conn: &Connection, run: NewRun) -> Result<(RunRecord, bool), StoreError> {
     let tenant = run.principal.tenant.clone();
@@ -187,4 +187,63 @@ pub(super) fn commit(
     ])
     .map_err(db("updating run"))?;
     Ok(events)
+}
+
+/// Moves the session's messages to `<session>~<timestamp>` (a session of its
+/// own) and returns them, oldest first, with the run that wrote each.
+pub(super) fn archive_session(
+    conn: &Connection,
+    tenant: &str,
+    session: &str,
+) -> Result<serde_json::Value, StoreError> {
+    let exists = conn
+        .prepare_cached("SELECT 1 FROM sessions WHERE tenant = ?1 AND key = ?2")
+        .map_err(db("preparing session lookup"))?
+        .exists(params![tenant, session])
+        .map_err(db("reading session"))?;
+    if !exists {
+        return Err(StoreError::NotFound);
+    }
+    let busy = conn
+        .prepare_cached(
+            "SELECT 1 FROM runs WHERE tenant = ?1 AND session = ?2 \
+             AND status NOT IN ('completed', 'failed', 'cancelled')",
+        )
+        .map_err(db("preparing busy-session check"))?
+        .exists(params![tenant, session])
+        .map_err(db("checking session runs"))?;
+    if busy {
+        return Err(StoreError::Conflict(format!(
+            "session {session} has a run still going; wait for it or cancel it first"
+        )));
+    }
+    let now = keel_protocol::now();
+    let archived = format!("{session}~{}", now.format("%Y%m%dT%H%M%S%.6fZ"));
+    let mut messages: Vec<(String, Message)> = Vec::new();
+    {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT run_id, body FROM messages WHERE tenant = ?1 AND session = ?2 ORDER BY id",
+            )
+            .map_err(db("preparing session messages query"))?;
+        let rows = stmt
+            .query_map(params![tenant, session], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
+            .map_err(db("reading session messages"))?;
+        for row in rows {
+            let (run_id, body) = row.map_err(db("reading message"))?;
+            messages.push((run_id, from_json(&body, "message")?));
+        }
+    }
+    conn.prepare_cached("INSERT INTO sessions (tenant, key, created_at) VALUES (?1, ?2, ?3)")
+        .map_err(db("preparing archived session insert"))?
+        .execute(params![tenant, archived, ts_to_sql(&now)])
+        .map_err(db("creating archived session"))?;
+    conn.prepare_cached("UPDATE messages SET session = ?3 WHERE tenant = ?1 AND session = ?2")
+        .map_err(db("preparing message archive"))?
+        .execute(params![tenant, session, archived])
+        .map_err(db("archiving messages"))?;
+    serde_json::to_value((archived, messages))
+        .map_err(|e| StoreError::Backend(format!("encoding archived session: {e}")))
 }

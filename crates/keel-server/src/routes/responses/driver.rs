@@ -1,0 +1,154 @@
+//! Follows one stretch of a run until it ends or stops for the client.
+//!
+//! A run that waits for client tool outputs (or for the user's answer to a
+//! question) has no dedicated event: the stop is seen on the run record
+//! (`waiting_input` with a `pending`), polled while the events stream in.
+//! The response is closed only after every event up to that point was read.
+
+use std::time::Duration;
+
+use keel_core::Runtime;
+use keel_protocol::{EventKind, RunRecord, RunStatus, Usage};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::encoder::{Encoder, End};
+
+const POLL: Duration = Duration::from_millis(100);
+
+/// Where a stretch of a run starts.
+pub struct Segment {
+    pub tenant: String,
+    pub run_id: String,
+    /// Events after this sequence number belong to the response.
+    pub start: u64,
+    /// The run's usage when the stretch began; the response reports the difference.
+    pub baseline: Usage,
+}
+
+/// The client went away (streaming only); the run itself goes on.
+pub struct Gone;
+
+/// Runs the encoder over the stretch; stream events go to `sink` when given.
+/// Returns the final response object.
+pub async fn drive(
+    runtime: &Runtime,
+    seg: &Segment,
+    enc: &mut Encoder,
+    sink: Option<&mpsc::Sender<Value>>,
+) -> Result<Value, Gone> {
+    emit(sink, enc.begin()).await?;
+    let mut events = keel_core::follow::follow(runtime.clone(), seg.run_id.clone(), seg.start);
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let end = loop {
+        tokio::select! {
+            e = events.recv() => match e {
+                Some(e) => {
+                    let out = enc.on_event(&e);
+                    emit(sink, out).await?;
+                    match &e.kind {
+                        EventKind::RunCompleted { usage, .. } => break (End::Completed, *usage),
+                        EventKind::RunFailed { error } => {
+                            break (End::Failed { code: error.code.clone(), message: error.message.clone() },
+                                   current_usage(runtime, seg).await);
+                        }
+                        EventKind::RunCancelled { by } => {
+                            break (End::Cancelled { by: by.clone() }, current_usage(runtime, seg).await);
+                        }
+                        _ => {}
+                    }
+                }
+                None => {
+                    // The follower stops only on a terminal event or a store failure.
+                    tracing::warn!(run = %seg.run_id, "lost the run's event stream");
+                    break (End::Failed {
+                        code: "store_unavailable".into(),
+                        message: "lost the run's event stream; the run goes on: see /ai/runs".into(),
+                    }, current_usage(runtime, seg).await);
+                }
+            },
+            _ = tick.tick() => {
+                let Ok(run) = runtime.get_run(&seg.tenant, &seg.run_id).await else { continue };
+                if !stopped_for_client(&run, seg.start) {
+                    continue;
+                }
+                // Everything up to the stop was committed before the status.
+                while enc.last_seq < run.last_seq {
+                    match events.recv().await {
+                        Some(e) => {
+                            let out = enc.on_event(&e);
+                            emit(sink, out).await?;
+                        }
+                        None => break,
+                    }
+                }
+                let out = enc.ensure_calls(&pending_calls(&run));
+                emit(sink, out).await?;
+                break (End::Completed, run.usage);
+            }
+        }
+    };
+    // Every ending reports the run's total usage; the response owns the difference.
+    let (end, total) = end;
+    let (out, response) = enc.finish(&end, minus(total, seg.baseline));
+    emit(sink, out).await?;
+    Ok(response)
+}
+
+async fn emit(sink: Option<&mpsc::Sender<Value>>, events: Vec<Value>) -> Result<(), Gone> {
+    let Some(sink) = sink else { return Ok(()) };
+    for e in events {
+        sink.send(e).await.map_err(|_| Gone)?;
+    }
+    Ok(())
+}
+
+/// The run waits for the client (tool outputs or an answer to its question),
+/// and has done something since this stretch began.
+fn stopped_for_client(run: &RunRecord, start: u64) -> bool {
+    run.status == RunStatus::WaitingInput && run.last_seq > start
+}
+
+/// `(call_id, name, arguments)` of the client calls a run waits for.
+pub fn pending_calls(run: &RunRecord) -> Vec<(String, String, String)> {
+    let Some(p) = run.pending.as_ref() else {
+        return Vec::new();
+    };
+    if p.get("type").and_then(Value::as_str) != Some("client_tool") {
+        return Vec::new();
+    }
+    p.get("calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .filter_map(|c| {
+                    let s = |k: &str| c.get(k).and_then(Value::as_str).map(str::to_owned);
+                    Some((
+                        s("call_id")?,
+                        s("name")?,
+                        s("arguments").unwrap_or_default(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn current_usage(runtime: &Runtime, seg: &Segment) -> Usage {
+    runtime
+        .get_run(&seg.tenant, &seg.run_id)
+        .await
+        .map(|r| r.usage)
+        .unwrap_or(seg.baseline)
+}
+
+fn minus(a: Usage, b: Usage) -> Usage {
+    Usage {
+        llm_calls: a.llm_calls.saturating_sub(b.llm_calls),
+        tool_calls: a.tool_calls.saturating_sub(b.tool_calls),
+        prompt_tokens: a.prompt_tokens.saturating_sub(b.prompt_tokens),
+        completion_tokens: a.completion_tokens.saturating_sub(b.completion_tokens),
+    }
+}
