@@ -1,5 +1,11 @@
 #!/usr/bin/env bash
-# Runs keel's whole test suite. Installs what the tests need when it is missing.
+# Runs keel's whole test suite. Installs what the tests need when it is
+# missing (each setup step is idempotent and fast once done):
+#   - cargo-nextest
+#   - the embedded default model (SmolLM2 GGUF) and llama.cpp's build tools
+#   - the local embedding model (all-MiniLM-L6-v2)
+#   - the official MCP reference servers, the MCP conformance suite, Node 22
+#   - the official OpenAI Python SDKs, for the Responses API tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/keel-target}"
@@ -8,5 +14,11 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "installing cargo-nextest"
   cargo install cargo-nextest --locked
 fi
+
+bash scripts/setup-local-model.sh
+bash scripts/setup-embedder.sh
+eval "$(bash scripts/setup-mcp.sh | tail -n 1)"
+eval "$(bash scripts/setup-python-sdk.sh | tail -n 1)"
+export KEEL_MCP_NPM KEEL_PYENV
 
 cargo nextest run --workspace --no-fail-fast "$@"

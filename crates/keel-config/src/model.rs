@@ -26,6 +26,8 @@ pub struct Config {
     pub hooks: Vec<HookConfig>,
     #[serde(default)]
     pub auth: AuthConfig,
+    #[serde(default)]
+    pub memory: MemoryConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,6 +43,14 @@ pub struct ServerConfig {
     /// Largest request body accepted, in bytes.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// This node's name among the nodes sharing a PostgreSQL database
+    /// (default: `<hostname>-<pid>-<random>`, new at every start).
+    #[serde(default)]
+    pub node_id: Option<String>,
+    /// Seconds a node keeps a run without renewing its lease; a node that
+    /// dies loses its runs to the others after this long.
+    #[serde(default = "default_lease_s")]
+    pub lease_s: u64,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +60,8 @@ impl Default for ServerConfig {
             data_dir: default_data_dir(),
             database_url: None,
             max_body_bytes: default_max_body(),
+            node_id: None,
+            lease_s: default_lease_s(),
         }
     }
 }
@@ -62,6 +74,9 @@ fn default_data_dir() -> String {
 }
 fn default_max_body() -> usize {
     1024 * 1024
+}
+fn default_lease_s() -> u64 {
+    10
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,6 +122,15 @@ pub struct ProviderConfig {
     /// First backoff delay in milliseconds; doubled each retry, capped at 30 s.
     #[serde(default = "default_backoff_ms")]
     pub backoff_ms: u64,
+    /// `kind = "local"`: the GGUF file to run (else `model` names a known model).
+    #[serde(default)]
+    pub model_path: Option<String>,
+    /// `kind = "local"`: inference threads (default: available cores, at most 4).
+    #[serde(default)]
+    pub threads: Option<u32>,
+    /// Output token budget per model call when the loop names none.
+    #[serde(default)]
+    pub max_output_tokens: Option<u32>,
 }
 
 fn yes() -> bool {
@@ -632,6 +656,101 @@ pub struct ApiKeyConfig {
     pub principal: String,
     #[serde(default)]
     pub roles: Vec<String>,
+}
+
+/// Which embedding model memory search uses (SPEC §6).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmbedderKind {
+    /// all-MiniLM-L6-v2 run in-process: semantic search offline, no key.
+    #[default]
+    Local,
+    /// An OpenAI-compatible `/v1/embeddings` endpoint.
+    Openai,
+    /// BM25 only.
+    None,
+}
+
+/// Long-term memory: chunking, embeddings and hybrid ranking (SPEC §6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryConfig {
+    #[serde(default)]
+    pub embedder: EmbedderKind,
+    /// Directory with `config.json`, `tokenizer.json`, `model.safetensors`
+    /// for the local embedder; default: looked up under the data dir, then
+    /// `~/.cache/keel-models/`, then downloaded from the model hub.
+    #[serde(default)]
+    pub model_dir: Option<String>,
+    /// For `embedder = "openai"`: base URL ending in `/v1`.
+    #[serde(default)]
+    pub embeddings_base_url: Option<String>,
+    /// For `embedder = "openai"`: the embedding model name.
+    #[serde(default)]
+    pub embeddings_model: Option<String>,
+    /// For `embedder = "openai"`: environment variable holding the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Tokens per chunk (words, or CJK characters).
+    #[serde(default = "d_chunk_tokens")]
+    pub chunk_tokens: usize,
+    /// Tokens each chunk repeats from the previous one; less than `chunk_tokens`.
+    #[serde(default = "d_chunk_overlap")]
+    pub chunk_overlap: usize,
+    /// Weight of BM25 in the fused score.
+    #[serde(default = "d_text_weight")]
+    pub text_weight: f64,
+    /// Weight of vector similarity in the fused score.
+    #[serde(default = "d_vector_weight")]
+    pub vector_weight: f64,
+    /// MMR re-ranking: 1.0 = relevance only, lower = more diverse results.
+    #[serde(default = "d_mmr_lambda")]
+    pub mmr_lambda: f64,
+    /// Scores halve every this many days since a note's date; 0 = off.
+    #[serde(default)]
+    pub time_decay_half_life_days: f64,
+    /// On session reset, when the model cannot write a summary, this many
+    /// last messages are stored verbatim instead.
+    #[serde(default = "d_summary_fallback")]
+    pub summary_fallback_messages: usize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self {
+            embedder: EmbedderKind::default(),
+            model_dir: None,
+            embeddings_base_url: None,
+            embeddings_model: None,
+            api_key_env: None,
+            chunk_tokens: d_chunk_tokens(),
+            chunk_overlap: d_chunk_overlap(),
+            text_weight: d_text_weight(),
+            vector_weight: d_vector_weight(),
+            mmr_lambda: d_mmr_lambda(),
+            time_decay_half_life_days: 0.0,
+            summary_fallback_messages: d_summary_fallback(),
+        }
+    }
+}
+
+fn d_chunk_tokens() -> usize {
+    256
+}
+fn d_chunk_overlap() -> usize {
+    32
+}
+fn d_text_weight() -> f64 {
+    0.3
+}
+fn d_vector_weight() -> f64 {
+    0.7
+}
+fn d_mmr_lambda() -> f64 {
+    0.7
+}
+fn d_summary_fallback() -> usize {
+    20
 }
 
 /// Whether `name` matches a tool pattern where `*` matches any run of characters.

@@ -90,6 +90,22 @@ pub(crate) static ROOT: &[Field] = &[
         },
     ),
     opt("auth", Ty::Table(AUTH)),
+    opt("memory", Ty::Table(MEMORY)),
+];
+
+static MEMORY: &[Field] = &[
+    opt("embedder", Ty::Enum(&["local", "openai", "none"])),
+    opt("model_dir", Ty::Str),
+    opt("embeddings_base_url", Ty::Str),
+    opt("embeddings_model", Ty::Str),
+    opt("api_key_env", Ty::Str),
+    opt("chunk_tokens", USIZE),
+    opt("chunk_overlap", USIZE),
+    opt("text_weight", Ty::Number),
+    opt("vector_weight", Ty::Number),
+    opt("mmr_lambda", Ty::Number),
+    opt("time_decay_half_life_days", Ty::Number),
+    opt("summary_fallback_messages", USIZE),
 ];
 
 static SERVER: &[Field] = &[
@@ -97,6 +113,8 @@ static SERVER: &[Field] = &[
     opt("data_dir", Ty::Str),
     opt("database_url", Ty::Str),
     opt("max_body_bytes", USIZE),
+    opt("node_id", Ty::Str),
+    opt("lease_s", U64),
 ];
 
 static PROVIDER: &[Field] = &[
@@ -111,6 +129,9 @@ static PROVIDER: &[Field] = &[
     opt("timeout_s", U64),
     opt("max_retries", U32),
     opt("backoff_ms", U64),
+    opt("model_path", Ty::Str),
+    opt("threads", U32),
+    opt("max_output_tokens", U32),
 ];
 
 static AGENT: &[Field] = &[
@@ -597,6 +618,7 @@ mod tests {
         let config = Config {
             server: ServerConfig {
                 database_url: Some("sqlite://x".into()),
+                node_id: Some("node-a".into()),
                 ..ServerConfig::default()
             },
             providers: vec![ProviderConfig {
@@ -611,6 +633,9 @@ mod tests {
                 timeout_s: 1,
                 max_retries: 1,
                 backoff_ms: 1,
+                model_path: Some("m.gguf".into()),
+                threads: Some(2),
+                max_output_tokens: Some(64),
             }],
             agents: vec![AgentConfig {
                 id: "a".into(),
@@ -710,6 +735,20 @@ mod tests {
                     roles: vec!["r".into()],
                 }],
                 approver_roles: vec!["r".into()],
+            },
+            memory: MemoryConfig {
+                embedder: EmbedderKind::Openai,
+                model_dir: Some("/m".into()),
+                embeddings_base_url: Some("http://e/v1".into()),
+                embeddings_model: Some("e".into()),
+                api_key_env: Some("K".into()),
+                chunk_tokens: 100,
+                chunk_overlap: 10,
+                text_weight: 0.5,
+                vector_weight: 0.5,
+                mmr_lambda: 0.9,
+                time_decay_half_life_days: 30.0,
+                summary_fallback_messages: 5,
             },
         };
         let text = toml::to_string(&config).unwrap();

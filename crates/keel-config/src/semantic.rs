@@ -27,6 +27,7 @@ pub(crate) fn check(config: &Config, env: &dyn Env, found: &mut Findings) {
     check_agents(config, found);
     guards::check(config, found);
     check_auth(config, env, found);
+    check_memory(config, env, found);
 }
 
 fn root(section: &str) -> KeyPath {
@@ -56,6 +57,20 @@ fn check_server(config: &Config, found: &mut Findings) {
                 format!("{url:?} is neither a sqlite:// nor a postgres:// (postgresql://) URL"),
             );
         }
+    }
+    if config.server.lease_s == 0 {
+        found.error_at(
+            &server.key("lease_s"),
+            "must be at least 1 (seconds)".into(),
+        );
+    }
+    if let Some(node) = &config.server.node_id
+        && (node.is_empty() || node.contains(char::is_whitespace))
+    {
+        found.error_at(
+            &server.key("node_id"),
+            "must be a non-empty name without spaces".into(),
+        );
     }
     if config.server.data_dir.is_empty() {
         found.error_at(&server.key("data_dir"), "must not be empty".into());
@@ -417,6 +432,82 @@ fn check_auth(config: &Config, env: &dyn Env, found: &mut Findings) {
                 found.error_at(&k, "must not be empty".into());
             }
         }
+    }
+}
+
+fn check_memory(config: &Config, env: &dyn Env, found: &mut Findings) {
+    use crate::model::EmbedderKind;
+    let m = &config.memory;
+    let at = root("memory");
+    if m.chunk_tokens == 0 {
+        found.error_at(&at.key("chunk_tokens"), "must be at least 1".into());
+    } else if m.chunk_overlap >= m.chunk_tokens {
+        found.error_at(
+            &at.key("chunk_overlap"),
+            format!(
+                "{} must be less than chunk_tokens ({})",
+                m.chunk_overlap, m.chunk_tokens
+            ),
+        );
+    }
+    for (field, value) in [
+        ("text_weight", m.text_weight),
+        ("vector_weight", m.vector_weight),
+        ("time_decay_half_life_days", m.time_decay_half_life_days),
+    ] {
+        if !value.is_finite() || value < 0.0 {
+            found.error_at(&at.key(field), format!("{value} must be zero or more"));
+        }
+    }
+    if m.text_weight + m.vector_weight <= 0.0 {
+        found.error_at(
+            &at.key("vector_weight"),
+            "text_weight and vector_weight must not both be 0".into(),
+        );
+    }
+    if !(0.0..=1.0).contains(&m.mmr_lambda) {
+        found.error_at(
+            &at.key("mmr_lambda"),
+            format!("{} must be between 0 and 1", m.mmr_lambda),
+        );
+    }
+    match m.embedder {
+        EmbedderKind::Openai => {
+            for (field, value) in [
+                ("embeddings_base_url", &m.embeddings_base_url),
+                ("embeddings_model", &m.embeddings_model),
+            ] {
+                if value.as_deref().is_none_or(str::is_empty) {
+                    found.error_at(&at.key(field), "required when embedder = \"openai\"".into());
+                }
+            }
+            if let Some(url) = &m.embeddings_base_url
+                && !url.is_empty()
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                found.error_at(
+                    &at.key("embeddings_base_url"),
+                    format!("{url:?} is not an http:// or https:// URL"),
+                );
+            }
+            if let Some(var) = &m.api_key_env {
+                check_env_var_named(
+                    found,
+                    env,
+                    &at.key("api_key_env"),
+                    var,
+                    "the embeddings API key",
+                );
+            }
+        }
+        EmbedderKind::Local => {
+            if let Some(dir) = &m.model_dir
+                && dir.is_empty()
+            {
+                found.error_at(&at.key("model_dir"), "must not be empty".into());
+            }
+        }
+        EmbedderKind::None => {}
     }
 }
 

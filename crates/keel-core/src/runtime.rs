@@ -57,7 +57,9 @@ pub(crate) struct Shared {
     /// goes through it.
     pub coord: Arc<dyn Coordination>,
     pub bus: EventBus,
-    pub tools: Arc<ToolSet>,
+    /// Swapped whole when a tool source changes (MCP `list_changed`); a step
+    /// works on the snapshot it took.
+    tools: std::sync::RwLock<Arc<ToolSet>>,
     pub options: RuntimeOptions,
     pub guards: crate::guards::Guards,
     agents: HashMap<String, AgentRuntime>,
@@ -66,6 +68,13 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    pub(crate) fn tools(&self) -> Arc<ToolSet> {
+        self.tools
+            .read()
+            .map(|t| t.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
     pub(crate) fn actor_finished(&self, run_id: &str) {
         self.lock_active().remove(run_id);
     }
@@ -174,7 +183,7 @@ impl Runtime {
                 store,
                 coord,
                 bus: EventBus::new(),
-                tools: Arc::new(tools),
+                tools: std::sync::RwLock::new(Arc::new(tools)),
                 guards: options.guards.clone(),
                 options,
                 agents,
@@ -217,8 +226,15 @@ impl Runtime {
         &self.shared.store
     }
 
-    pub fn tools(&self) -> &ToolSet {
-        &self.shared.tools
+    pub fn tools(&self) -> Arc<ToolSet> {
+        self.shared.tools()
+    }
+
+    /// Replaces the tool set (e.g. after an MCP server's tool list changed).
+    /// Runs pick it up at their next step.
+    pub fn replace_tools(&self, tools: ToolSet) {
+        let mut slot = self.shared.tools.write().unwrap_or_else(|p| p.into_inner());
+        *slot = Arc::new(tools);
     }
 
     pub fn agent_ids(&self) -> Vec<String> {
@@ -297,7 +313,8 @@ impl Runtime {
         };
         let client_tools = req.client_tools;
         for t in &client_tools {
-            if self.shared.tools.get(&t.name).is_some() || t.name == crate::clarify::CLARIFY_TOOL {
+            if self.shared.tools().get(&t.name).is_some() || t.name == crate::clarify::CLARIFY_TOOL
+            {
                 return Err(CoreError::BadRequest(format!(
                     "tools: `{}` is already a server-side tool; client tools need their own names",
                     t.name
@@ -505,7 +522,7 @@ impl Runtime {
             })?;
         Ok(self
             .shared
-            .tools
+            .tools()
             .visible(&agent.config.tools, principal, &self.shared.guards.policy)
             .map(|t| t.spec.clone())
             .collect())

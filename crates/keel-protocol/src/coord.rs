@@ -97,8 +97,12 @@ pub trait Coordination: Send + Sync {
     async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError>;
 
     /// Puts a command in a run's mailbox and tells its owner.
-    async fn post_command(&self, run_id: &str, tenant: &str, body: &Value)
-    -> Result<(), StoreError>;
+    async fn post_command(
+        &self,
+        run_id: &str,
+        tenant: &str,
+        body: &Value,
+    ) -> Result<(), StoreError>;
 
     /// Removes and returns, oldest first, the commands waiting for runs this
     /// node owns.

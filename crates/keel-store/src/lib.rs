@@ -6,10 +6,12 @@
 //! conformance suite (`keel_test_support::store_suite`). The schema is
 //! versioned by SQL files under `migrations/<backend>/`, one dialect each.
 
+mod node;
 mod open;
 mod postgres;
 mod sqlite;
 
+pub use node::{NodeSettings, migrate, open_node};
 pub use open::open;
-pub use postgres::PostgresStore;
+pub use postgres::{PgNode, PostgresStore};
 pub use sqlite::SqliteStore;

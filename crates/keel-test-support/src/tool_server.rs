@@ -34,6 +34,7 @@ impl ToolServer {
             .route("/furnaces/{id}", get(furnace))
             .route("/slow", get(slow))
             .route("/restart", post(restart))
+            .route("/charge", post(charge))
             .route("/tenant_rows", get(tenant_rows))
             .route("/job/{id}", get(job))
             .with_state(calls.clone());
@@ -81,6 +82,17 @@ async fn slow(State(c): State<Calls>, Query(q): Query<SlowQuery>) -> Json<Value>
     tokio::time::sleep(Duration::from_millis(q.ms)).await;
     c.record("slow", json!({"ms": q.ms}));
     Json(json!({"slept_ms": q.ms}))
+}
+
+/// A non-idempotent action with latency (a payment, a valve opened): each
+/// execution is recorded under its `key` argument, so a test can prove no
+/// call ran twice. Records `charge_started` on arrival and `charge` when done.
+async fn charge(State(c): State<Calls>, Json(body): Json<Value>) -> Json<Value> {
+    c.record("charge_started", body.clone());
+    let ms = body.get("ms").and_then(Value::as_u64).unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    c.record("charge", body.clone());
+    Json(json!({"charged": body.get("key").cloned().unwrap_or(Value::Null)}))
 }
 
 async fn restart(State(c): State<Calls>, Json(body): Json<Value>) -> Json<Value> {

@@ -62,7 +62,7 @@ async fn lists_all_pages_with_prefixed_names_and_annotation_risks() {
     assert_eq!(
         names,
         [
-            "add", "count", "crash", "echo", "env", "fail", "slow", "wipe"
+            "add", "count", "crash", "echo", "env", "fail", "grow", "slow", "wipe"
         ]
         .map(|n| format!("plant.{n}"))
         .to_vec(),
@@ -89,7 +89,8 @@ async fn lists_all_pages_with_prefixed_names_and_annotation_risks() {
     let crash = find(&tools, "plant.crash");
     assert_eq!(
         (crash.spec().risk, crash.spec().requires_approval),
-        (Risk::Write, false)
+        (Risk::Dangerous, true),
+        "no annotations: the spec's defaults say it may destroy"
     );
     let add = find(&tools, "plant.add");
     assert_eq!(
@@ -335,9 +336,29 @@ async fn server_that_cannot_start_is_an_error_naming_it_and_its_command() {
     assert!(err.to_string().contains(FIXTURE), "{err}");
     assert!(started.elapsed() < Duration::from_secs(4));
 
-    let mut cfg = server_config("plant", 5);
+    // Nothing listens on a port we just bound and released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let mut cfg = server_config("remote", 5);
     cfg.command = None;
-    cfg.url = Some("http://127.0.0.1:9200/mcp".into());
+    cfg.url = Some(url.clone());
+    let started = Instant::now();
+    let err = McpServer::start(&cfg, real_env).await.unwrap_err();
+    assert!(matches!(err, ToolsError::McpConnect { .. }), "{err:?}");
+    assert!(err.to_string().contains(&url), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let mut cfg = server_config("remote", 5);
+    cfg.command = None;
+    cfg.url = Some("ftp://127.0.0.1/mcp".into());
     assert!(matches!(
         McpServer::start(&cfg, real_env).await.unwrap_err(),
         ToolsError::McpConfig { .. }
@@ -363,7 +384,7 @@ async fn load_tools_builds_everything_and_applies_overrides() {
     }))
     .unwrap();
     let loaded = load_tools(&cfg, real_env).await.unwrap();
-    assert_eq!(loaded.tools.len(), 9);
+    assert_eq!(loaded.tools.len(), 10);
     assert_eq!(loaded.servers.len(), 1);
 
     let crash = find(&loaded.tools, "plant.crash");
@@ -427,5 +448,141 @@ async fn duplicate_tool_names_are_rejected() {
     assert_eq!(
         load_tools(&cfg, real_env).await.unwrap_err(),
         ToolsError::DuplicateTool("dup".into())
+    );
+}
+
+async fn wait_for_change(changes: &mut tokio::sync::watch::Receiver<u64>) -> u64 {
+    tokio::time::timeout(Duration::from_secs(10), changes.changed())
+        .await
+        .expect("no tools/list_changed re-list within 10 s")
+        .unwrap();
+    *changes.borrow_and_update()
+}
+
+#[tokio::test]
+async fn fixture_speaks_the_stateless_generation() {
+    let server = McpServer::start(&server_config("plant", 10), real_env)
+        .await
+        .unwrap();
+    assert_eq!(
+        server.protocol_version(),
+        "2026-07-28",
+        "an rmcp 3.9 server answers server/discover"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn list_changed_re_lists_and_bumps_changes() {
+    let server = McpServer::start(&server_config("plant", 10), real_env)
+        .await
+        .unwrap();
+    let mut changes = server.changes();
+    assert_eq!(*changes.borrow_and_update(), 0);
+    let tools = server.tools();
+    assert!(
+        tools
+            .iter()
+            .all(|t| !t.spec().name.starts_with("plant.extra_"))
+    );
+
+    let out = call(&tools, "plant.grow", json!({})).await.unwrap();
+    assert_eq!(out.content, "added extra_1");
+    assert_eq!(wait_for_change(&mut changes).await, 1);
+    let now = server.tools();
+    assert_eq!(now.len(), tools.len() + 1);
+    let extra = find(&now, "plant.extra_1");
+    assert_eq!(extra.spec().risk, Risk::Read);
+    assert_eq!(
+        extra.call(json!({}), &ctx()).await.unwrap().content,
+        "extra_1"
+    );
+
+    // Tools handed out before the change still work.
+    assert_eq!(
+        call(&tools, "plant.echo", json!({"text": "old handle"}))
+            .await
+            .unwrap()
+            .content,
+        "old handle"
+    );
+    call(&now, "plant.grow", json!({})).await.unwrap();
+    wait_for_change(&mut changes).await;
+    assert!(
+        server
+            .tools()
+            .iter()
+            .any(|t| t.spec().name == "plant.extra_2")
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn restart_re_lists_the_new_process_tools() {
+    let server = McpServer::start(&server_config("plant", 10), real_env)
+        .await
+        .unwrap();
+    let mut changes = server.changes();
+    call(&server.tools(), "plant.grow", json!({}))
+        .await
+        .unwrap();
+    wait_for_change(&mut changes).await;
+    assert!(
+        server
+            .tools()
+            .iter()
+            .any(|t| t.spec().name == "plant.extra_1")
+    );
+
+    // The new process starts without the grown tool; the list follows it.
+    let _ = call(&server.tools(), "plant.crash", json!({})).await;
+    wait_for_change(&mut changes).await;
+    let names: Vec<String> = server
+        .tools()
+        .iter()
+        .map(|t| t.spec().name.clone())
+        .collect();
+    assert_eq!(names.len(), 9, "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("plant.extra_")));
+    wait_until_answers(&server.tools()).await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn loaded_tools_follow_changes_with_overrides() {
+    let cfg: ToolsConfig = serde_json::from_value(json!({
+        "mcp": [{"name": "plant", "command": FIXTURE, "timeout_s": 10}],
+        "http": [{
+            "name": "furnace_status",
+            "description": "Current status of one furnace",
+            "url": "http://127.0.0.1:9/furnaces"
+        }],
+        "overrides": {
+            "plant.extra_1": {"risk": "dangerous", "roles": ["operator"]}
+        }
+    }))
+    .unwrap();
+    let loaded = load_tools(&cfg, real_env).await.unwrap();
+    let mut changes = loaded.changes();
+    assert_eq!(loaded.current_tools().len(), 10);
+    call(&loaded.tools, "plant.grow", json!({})).await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), changes.changed())
+            .await
+            .unwrap()
+    );
+    let now = loaded.current_tools();
+    assert_eq!(now.len(), 11);
+    let extra = find(&now, "plant.extra_1");
+    assert_eq!(extra.spec().risk, Risk::Dangerous, "override applied");
+    assert_eq!(extra.spec().roles, vec!["operator".to_string()]);
+    assert_eq!(find(&now, "furnace_status").spec().source, ToolSource::Http);
+
+    loaded.shutdown().await;
+    assert!(
+        !tokio::time::timeout(Duration::from_secs(5), changes.changed())
+            .await
+            .unwrap(),
+        "no more changes once every server is shut down"
     );
 }

@@ -28,6 +28,12 @@ pub enum ToolsError {
         command: String,
         reason: String,
     },
+    #[error("mcp server {server} (url {url}) could not be reached: {reason}")]
+    McpConnect {
+        server: String,
+        url: String,
+        reason: String,
+    },
     #[error("tool {0} is defined more than once")]
     DuplicateTool(String),
 }

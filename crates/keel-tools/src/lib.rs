@@ -1,6 +1,6 @@
 //! keel-tools: the tools keel reaches outside itself (SPEC §5): HTTP
-//! endpoints described in configuration and MCP servers run as child
-//! processes. Both are exposed only through keel-protocol's `Tool` port, so
+//! endpoints described in configuration and MCP servers, run as child
+//! processes or reached over streamable HTTP. Both are exposed only through keel-protocol's `Tool` port, so
 //! nothing above this crate sees reqwest or rmcp.
 
 mod env;
@@ -11,5 +11,5 @@ pub mod mcp;
 mod overrides;
 
 pub use error::ToolsError;
-pub use load::{LoadedTools, load_tools};
+pub use load::{LoadedTools, ToolChanges, load_tools};
 pub use overrides::apply_override;

@@ -19,7 +19,7 @@ use keel_tools::LoadedTools;
 pub struct App {
     pub config: Config,
     pub runtime: Runtime,
-    pub tools: LoadedTools,
+    pub tools: Arc<LoadedTools>,
     /// API keys resolved from the environment.
     pub keys: Vec<(String, Principal)>,
 }
@@ -258,6 +258,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let tools = keel_tools::load_tools(&config.tools, |k| env.var(k))
         .await
         .context("loading tools")?;
+    let tools = Arc::new(tools);
     let toolset = ToolSet::new(tools.tools.clone()).context("registering tools")?;
     let options = RuntimeOptions {
         approver_roles: config.auth.approver_roles.clone(),
@@ -307,4 +308,26 @@ fn guards(config: &Config) -> anyhow::Result<Guards> {
         hook_timeout: keel_core::guards::DEFAULT_HOOK_TIMEOUT,
         verifier: Verifier::new(&config.verify),
     })
+}
+
+/// Keeps the runtime's tools in step with the MCP servers: when a server's
+/// tool list changes, the whole set is rebuilt and swapped in.
+pub fn follow_tool_changes(runtime: Runtime, tools: Arc<LoadedTools>) {
+    tokio::spawn(async move {
+        let mut changes = tools.changes();
+        while changes.changed().await {
+            match ToolSet::new(tools.current_tools()) {
+                Ok(set) => {
+                    tracing::info!(
+                        tools = set.len(),
+                        "tool list changed; runs use the new set from their next step"
+                    );
+                    runtime.replace_tools(set);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "tool list changed but the new set is invalid; keeping the old one")
+                }
+            }
+        }
+    });
 }

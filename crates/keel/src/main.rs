@@ -4,9 +4,16 @@
 mod app;
 mod approvals_cmd;
 mod check;
+#[cfg(feature = "local")]
+mod local_provider;
+mod memory_cmd;
+mod migrate_cmd;
+#[cfg(feature = "local")]
+mod model_cmd;
 mod run_cmd;
 mod serve;
 mod timeline;
+mod zero_config;
 
 use std::path::PathBuf;
 
@@ -46,6 +53,8 @@ enum Command {
     },
     /// Validate a configuration file and print every problem found.
     Check,
+    /// Bring the configured database to this build's schema, then exit.
+    Migrate,
     /// List and decide human approvals on a running keel.
     Approvals {
         #[command(subcommand)]
@@ -62,6 +71,63 @@ enum Command {
         #[arg(long, env = "KEEL_API_KEY", global = true)]
         key: Option<String>,
     },
+    /// The local model cache (provider `local`): pull and list GGUF models.
+    #[cfg(feature = "local")]
+    Model {
+        #[command(subcommand)]
+        action: ModelAction,
+    },
+    /// Long-term memory on the configured data dir or database.
+    Memory {
+        #[command(subcommand)]
+        action: MemoryAction,
+        /// Tenant whose memory to use.
+        #[arg(long, default_value = "default", global = true)]
+        tenant: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum MemoryAction {
+    /// Add (or replace) a document, e.g. a manual or notes in Markdown.
+    Add {
+        file: PathBuf,
+        /// Agent whose memory it joins (default: the default agent).
+        #[arg(long)]
+        agent: Option<String>,
+        /// Title (default: the file name).
+        #[arg(long)]
+        title: Option<String>,
+    },
+    /// Re-chunk and re-embed every document.
+    Reindex,
+    /// Search memory as the memory_search tool does.
+    Search {
+        query: String,
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(short, long, default_value_t = 5)]
+        k: usize,
+        /// Print hits as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[cfg(feature = "local")]
+#[derive(Subcommand)]
+enum ModelAction {
+    /// Fetch a model into <data_dir>/models, verified by sha256: a known
+    /// name (smollm2-135m) or <owner>/<repo>/<file>.gguf on the model hub.
+    Pull {
+        #[arg(default_value = "smollm2-135m")]
+        name: String,
+        /// Expected sha256 (hub files default to the hub's own hash).
+        #[arg(long)]
+        sha256: Option<String>,
+    },
+    /// List known and pulled models.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -108,6 +174,33 @@ fn main() -> std::process::ExitCode {
                 json,
             } => run_cmd::run(cli.config.as_deref(), question, agent, session, json).await,
             Command::Check => check::check(cli.config.as_deref()),
+            Command::Migrate => migrate_cmd::migrate(cli.config.as_deref()).await,
+            #[cfg(feature = "local")]
+            Command::Model { action } => match action {
+                ModelAction::Pull { name, sha256 } => {
+                    model_cmd::pull(cli.config.as_deref(), &name, sha256).await
+                }
+                ModelAction::List => model_cmd::list(cli.config.as_deref()).await,
+            },
+            Command::Memory { action, tenant } => {
+                let config = cli.config.as_deref();
+                match action {
+                    MemoryAction::Add { file, agent, title } => {
+                        let scope = memory_cmd::Scope { tenant, agent };
+                        memory_cmd::add(config, scope, &file, title).await
+                    }
+                    MemoryAction::Reindex => memory_cmd::reindex(config).await,
+                    MemoryAction::Search {
+                        query,
+                        agent,
+                        k,
+                        json,
+                    } => {
+                        let scope = memory_cmd::Scope { tenant, agent };
+                        memory_cmd::search(config, scope, &query, k, json).await
+                    }
+                }
+            }
             Command::Approvals { action, url, key } => {
                 let target = approvals_cmd::Target { url, key };
                 match action {

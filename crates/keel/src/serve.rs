@@ -33,6 +33,7 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("binding {bind}"))?;
     let local = listener.local_addr().context("reading the bound address")?;
+    crate::app::follow_tool_changes(app.runtime.clone(), app.tools.clone());
     let resumed = app
         .runtime
         .resume_unfinished()
@@ -43,6 +44,7 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         auth: Arc::new(auth),
         max_body_bytes: app.config.server.max_body_bytes,
         metrics: keel_server::metrics::handle(),
+        memory: None,
     };
     tracing::info!(
         addr = %local,
@@ -50,6 +52,7 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         agents = %app.runtime.agent_ids().join(","),
         tools = app.runtime.tools().len(),
         resumed,
+        node = app.runtime.node_id(),
         "keel serving on http://{local}"
     );
     // One plain line on stdout, for people and for scripts waiting for readiness.
@@ -57,6 +60,10 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
     keel_server::serve(listener, state, shutdown_signal())
         .await
         .context("serving HTTP")?;
+    // Other nodes sharing the store take this node's runs over at once.
+    if let Err(e) = app.runtime.release_runs().await {
+        tracing::warn!(error = %e, "could not release this node's runs; they move after the lease");
+    }
     app.tools.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }

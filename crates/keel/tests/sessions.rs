@@ -32,20 +32,34 @@ async fn reset_archives_the_session_and_the_next_run_starts_fresh() {
     env.auth = true;
     let keel = Keel::start(&env).await;
     let (code, run) = keel
-        .post("/ai/runs", json!({"input": "F7's crucible was replaced on 2026-11-20.", "session": "line-7"}), Some(KEY_ACME))
+        .post(
+            "/ai/runs",
+            json!({"input": "F7's crucible was replaced on 2026-11-20.", "session": "line-7"}),
+            Some(KEY_ACME),
+        )
         .await;
     assert_eq!(code, 201);
-    keel.wait_status(run["id"].as_str().unwrap(), "completed", Some(KEY_ACME)).await;
+    keel.wait_status(run["id"].as_str().unwrap(), "completed", Some(KEY_ACME))
+        .await;
 
     // Another tenant cannot reset (or see) it.
-    let (code, _) = keel.post("/ai/sessions/line-7/reset", json!({}), Some(KEY_GLOBEX)).await;
+    let (code, _) = keel
+        .post("/ai/sessions/line-7/reset", json!({}), Some(KEY_GLOBEX))
+        .await;
     assert_eq!(code, 404);
 
-    let (code, reset) = keel.post("/ai/sessions/line-7/reset", json!({}), Some(KEY_ACME)).await;
+    let (code, reset) = keel
+        .post("/ai/sessions/line-7/reset", json!({}), Some(KEY_ACME))
+        .await;
     assert_eq!(code, 200, "{reset}");
     assert_eq!(reset["summarized_by"], "model");
     assert_eq!(reset["messages"], 2);
-    assert!(reset["summary"].as_str().unwrap().contains("crucible replaced on 2026-11-20"));
+    assert!(
+        reset["summary"]
+            .as_str()
+            .unwrap()
+            .contains("crucible replaced on 2026-11-20")
+    );
     let archived = reset["archived_as"].as_str().unwrap();
     assert!(archived.starts_with("line-7~"));
     // The summarizer saw the conversation and was offered no tools.
@@ -55,12 +69,25 @@ async fn reset_archives_the_session_and_the_next_run_starts_fresh() {
 
     let (_, session) = keel.get("/ai/sessions/line-7", Some(KEY_ACME)).await;
     assert_eq!(session["messages"].as_array().unwrap().len(), 0);
-    let (_, old) = keel.get(&format!("/ai/sessions/{archived}"), Some(KEY_ACME)).await;
+    let (_, old) = keel
+        .get(&format!("/ai/sessions/{archived}"), Some(KEY_ACME))
+        .await;
     assert_eq!(old["messages"].as_array().unwrap().len(), 2);
 
-    let (_, run) = keel.post("/ai/runs", json!({"input": "hello", "session": "line-7"}), Some(KEY_ACME)).await;
-    keel.wait_status(run["id"].as_str().unwrap(), "completed", Some(KEY_ACME)).await;
-    assert_eq!(user_messages(&model.requests()[2]), vec!["hello".to_owned()], "the old history is gone from the prompt");
+    let (_, run) = keel
+        .post(
+            "/ai/runs",
+            json!({"input": "hello", "session": "line-7"}),
+            Some(KEY_ACME),
+        )
+        .await;
+    keel.wait_status(run["id"].as_str().unwrap(), "completed", Some(KEY_ACME))
+        .await;
+    assert_eq!(
+        user_messages(&model.requests()[2]),
+        vec!["hello".to_owned()],
+        "the old history is gone from the prompt"
+    );
     assert!(model.violations().is_empty(), "{:?}", model.violations());
 }
 
@@ -73,13 +100,23 @@ async fn a_failed_summary_keeps_the_last_messages_verbatim() {
     .await;
     let tools = ToolServer::start().await;
     let keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
-    let (_, run) = keel.post("/ai/runs", json!({"input": "Status of B-12?", "session": "s"}), None).await;
-    keel.wait_status(run["id"].as_str().unwrap(), "completed", None).await;
+    let (_, run) = keel
+        .post(
+            "/ai/runs",
+            json!({"input": "Status of B-12?", "session": "s"}),
+            None,
+        )
+        .await;
+    keel.wait_status(run["id"].as_str().unwrap(), "completed", None)
+        .await;
     let (code, reset) = keel.post("/ai/sessions/s/reset", json!({}), None).await;
     assert_eq!(code, 200, "{reset}");
     assert_eq!(reset["summarized_by"], "fallback");
     let summary = reset["summary"].as_str().unwrap();
-    assert!(summary.contains("Status of B-12?") && summary.contains("Batch B-12 is on hold."), "{summary}");
+    assert!(
+        summary.contains("Status of B-12?") && summary.contains("Batch B-12 is on hold."),
+        "{summary}"
+    );
 }
 
 #[tokio::test]
@@ -92,19 +129,51 @@ async fn typing_new_resets_without_asking_the_model_and_busy_sessions_are_refuse
     .await;
     let tools = ToolServer::start().await;
     let keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
-    let (_, run) = keel.post("/ai/runs", json!({"input": "question one", "session": "chat"}), None).await;
-    keel.wait_status(run["id"].as_str().unwrap(), "completed", None).await;
-    let (_, run) = keel.post("/ai/runs", json!({"input": "/new", "session": "chat"}), None).await;
-    let done = keel.wait_status(run["id"].as_str().unwrap(), "completed", None).await;
-    assert!(done["output"].as_str().unwrap().starts_with("Started a new session"), "{done}");
-    assert_eq!(model.request_count(), 2, "one answer and one summary; /new itself asks no model");
+    let (_, run) = keel
+        .post(
+            "/ai/runs",
+            json!({"input": "question one", "session": "chat"}),
+            None,
+        )
+        .await;
+    keel.wait_status(run["id"].as_str().unwrap(), "completed", None)
+        .await;
+    let (_, run) = keel
+        .post(
+            "/ai/runs",
+            json!({"input": "/new", "session": "chat"}),
+            None,
+        )
+        .await;
+    let done = keel
+        .wait_status(run["id"].as_str().unwrap(), "completed", None)
+        .await;
+    assert!(
+        done["output"]
+            .as_str()
+            .unwrap()
+            .starts_with("Started a new session"),
+        "{done}"
+    );
+    assert_eq!(
+        model.request_count(),
+        2,
+        "one answer and one summary; /new itself asks no model"
+    );
     // A run that is still going blocks a reset.
-    let (_, run) = keel.post("/ai/runs", json!({"input": "think forever", "session": "chat"}), None).await;
+    let (_, run) = keel
+        .post(
+            "/ai/runs",
+            json!({"input": "think forever", "session": "chat"}),
+            None,
+        )
+        .await;
     let id = run["id"].as_str().unwrap().to_owned();
     keel.wait_status(&id, "running", None).await;
     let (code, err) = keel.post("/ai/sessions/chat/reset", json!({}), None).await;
     assert_eq!(code, 409, "{err}");
     let (code, _) = keel.post("/ai/sessions/nope/reset", json!({}), None).await;
     assert_eq!(code, 404);
-    keel.post(&format!("/ai/runs/{id}/cancel"), json!({}), None).await;
+    keel.post(&format!("/ai/runs/{id}/cancel"), json!({}), None)
+        .await;
 }

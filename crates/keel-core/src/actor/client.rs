@@ -19,7 +19,7 @@ use crate::runtime::{ClientToolOutput, Command};
 
 impl RunActor {
     pub(super) fn client_tool(&self, name: &str) -> Option<ToolSchema> {
-        if self.shared.tools.get(name).is_some() {
+        if self.shared.tools().get(name).is_some() {
             return None;
         }
         self.state

@@ -27,7 +27,7 @@ impl RunActor {
             }
             let idempotent = self
                 .shared
-                .tools
+                .tools()
                 .get(&call.name)
                 .is_some_and(|t| t.spec.idempotent);
             if idempotent {

@@ -56,7 +56,7 @@ impl RunActor {
         if tokio::time::Instant::now() >= self.deadline() {
             return Err(Exit::Budget("max_wall_time"));
         }
-        let mut tools = self.shared.tools.schemas_for(
+        let mut tools = self.shared.tools().schemas_for(
             &self.agent.config.tools,
             &self.principal,
             &self.shared.guards.policy,
@@ -160,7 +160,7 @@ impl RunActor {
         }
         let check = check_call(
             call,
-            &self.shared.tools,
+            &self.shared.tools(),
             &self.agent.config.tools,
             &self.principal,
             &self.shared.guards.policy,
@@ -194,7 +194,7 @@ impl RunActor {
     /// they rewrote), missing slots, loop detection, the policy gate.
     async fn guarded(&mut self, call: &ToolCall, args: Value) -> Result<CallFlow, Exit> {
         self.state.repairs.remove(&call.name);
-        let Some(spec) = self.shared.tools.get(&call.name).map(|t| t.spec.clone()) else {
+        let Some(spec) = self.shared.tools().get(&call.name).map(|t| t.spec.clone()) else {
             return Ok(CallFlow::Next);
         };
         let guards = self.shared.guards.clone();
@@ -212,7 +212,7 @@ impl RunActor {
                 if !rewritten_by.is_empty() {
                     let violations: Vec<String> = self
                         .shared
-                        .tools
+                        .tools()
                         .get(&call.name)
                         .map(|t| t.schema.check(&args))
                         .unwrap_or_default()
@@ -240,7 +240,7 @@ impl RunActor {
         };
         let missing = self
             .shared
-            .tools
+            .tools()
             .get(&call.name)
             .map(|t| t.schema.missing_required(&args))
             .unwrap_or_default();
@@ -441,7 +441,7 @@ impl RunActor {
         let req = ClarifyRequest::parse(&call.arguments);
         let spec = self
             .shared
-            .tools
+            .tools()
             .visible(
                 &self.agent.config.tools,
                 &self.principal,
@@ -501,7 +501,7 @@ impl RunActor {
         args: Value,
         model_question: Option<&str>,
     ) -> Result<CallFlow, Exit> {
-        let Some(spec) = self.shared.tools.get(&call.name).map(|t| t.spec.clone()) else {
+        let Some(spec) = self.shared.tools().get(&call.name).map(|t| t.spec.clone()) else {
             return Ok(CallFlow::Next);
         };
         let slots = clarify::most_important(&spec, &missing);
@@ -626,7 +626,7 @@ impl RunActor {
         let merged = match w.kind {
             WaitKind::MissingArguments => self
                 .shared
-                .tools
+                .tools()
                 .get(&w.tool)
                 .and_then(|t| clarify::merge_reply(&t.spec, &w.arguments, &w.slots, &reply)),
             WaitKind::Clarify => None,
@@ -678,7 +678,8 @@ impl RunActor {
         args: Value,
         mut events: Vec<EventKind>,
     ) -> Result<(), Exit> {
-        let Some(reg) = self.shared.tools.get(&call.name) else {
+        let tools = self.shared.tools();
+        let Some(reg) = tools.get(&call.name) else {
             return Ok(());
         };
         let tool = reg.tool.clone();
@@ -737,11 +738,7 @@ impl RunActor {
             poll: spec.poll,
         });
         let report = {
-            let output_schema = self
-                .shared
-                .tools
-                .get(&call.name)
-                .and_then(|t| t.output_schema.as_ref());
+            let output_schema = tools.get(&call.name).and_then(|t| t.output_schema.as_ref());
             self.shared.guards.verifier.verify(&VerifyInput {
                 tool: &spec,
                 output: &raw,

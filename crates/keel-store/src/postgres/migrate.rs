@@ -15,6 +15,7 @@ use super::codec::db;
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_init.sql"),
     include_str!("../../migrations/postgres/0002_approvals.sql"),
+    include_str!("../../migrations/postgres/0003_leases.sql"),
 ];
 
 /// Key of the advisory lock that serializes migrations ("keel" in ASCII).

@@ -1,21 +1,25 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! A real MCP server over stdio for keel's tests. Each tool exercises one
 //! behaviour of the client: plain text, structured results, tool errors,
-//! slowness, a crash, per-process state, environment visibility and
-//! annotations. `tools/list` is paginated (three per page) so clients must
-//! follow cursors.
+//! slowness, a crash, per-process state, environment visibility,
+//! annotations and a tool list that changes (`grow` adds a tool and sends
+//! `notifications/tools/list_changed`, on a `subscriptions/listen` stream
+//! for `2026-07-28` sessions, unsolicited for `initialize` ones).
+//! `tools/list` is paginated (three per page) so clients must follow cursors.
 //!
 //! `mcp-fixture --exit-at-start` exits with code 3 before speaking MCP, to
 //! stand for a server that cannot start.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSink};
 use rmcp::{ServerHandler, ServiceExt};
 use serde_json::{Value, json};
 
@@ -24,13 +28,30 @@ const PAGE_SIZE: usize = 3;
 #[derive(Default)]
 struct Fixture {
     count_calls: AtomicU64,
+    /// How many `extra_<n>` tools `grow` has added.
+    extra: AtomicU64,
+    /// Open `subscriptions/listen` streams of modern sessions.
+    sinks: Mutex<Vec<SubscriptionSink>>,
 }
 
 fn tool(v: Value) -> Tool {
     serde_json::from_value(v).expect("fixture tool definition")
 }
 
-fn catalog() -> Vec<Tool> {
+fn catalog(extra: u64) -> Vec<Tool> {
+    let mut tools = base_catalog();
+    tools.extend((1..=extra).map(|n| {
+        tool(json!({
+            "name": format!("extra_{n}"),
+            "description": format!("Tool number {n} added by grow"),
+            "inputSchema": {"type": "object", "properties": {}},
+            "annotations": {"readOnlyHint": true}
+        }))
+    }));
+    tools
+}
+
+fn base_catalog() -> Vec<Tool> {
     vec![
         tool(json!({
             "name": "echo",
@@ -73,6 +94,11 @@ fn catalog() -> Vec<Tool> {
             "annotations": {"readOnlyHint": true}
         })),
         tool(json!({
+            "name": "grow",
+            "description": "Adds a tool and announces the change",
+            "inputSchema": {"type": "object", "properties": {}}
+        })),
+        tool(json!({
             "name": "wipe",
             "description": "Pretends to delete everything",
             "inputSchema": {"type": "object", "properties": {"confirm": {"type": "boolean"}}},
@@ -87,7 +113,25 @@ fn text(s: impl Into<String>) -> CallToolResponse {
 
 impl ServerHandler for Fixture {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(requested.clone())
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        self.sinks.lock().unwrap().push(context.sink().clone());
+        context.cancelled().await;
+        Ok(())
     }
 
     async fn list_tools(
@@ -103,7 +147,7 @@ impl ServerHandler for Fixture {
             })
             .transpose()?
             .unwrap_or(0);
-        let all = catalog();
+        let all = catalog(self.extra.load(Ordering::SeqCst));
         let end = (start + PAGE_SIZE).min(all.len());
         let mut page = ListToolsResult::with_all_items(all[start.min(end)..end].to_vec());
         if end < all.len() {
@@ -115,7 +159,7 @@ impl ServerHandler for Fixture {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let args = Value::Object(request.arguments.unwrap_or_default());
         match request.name.as_ref() {
@@ -145,6 +189,30 @@ impl ServerHandler for Fixture {
                 ))
             }
             "wipe" => Ok(text("wiped")),
+            "grow" => {
+                let n = self.extra.fetch_add(1, Ordering::SeqCst) + 1;
+                let legacy = context
+                    .protocol_version()
+                    .is_none_or(|v| v.has_initialize());
+                if legacy {
+                    context.peer.notify_tool_list_changed().await.unwrap();
+                } else {
+                    // rmcp acknowledges a subscription before it calls
+                    // `listen`; give an acknowledged one time to arrive.
+                    for _ in 0..100 {
+                        if !self.sinks.lock().unwrap().is_empty() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    let sinks = self.sinks.lock().unwrap().clone();
+                    for sink in sinks {
+                        let _ = sink.notify_tool_list_changed().await;
+                    }
+                }
+                Ok(text(format!("added extra_{n}")))
+            }
+            name if name.starts_with("extra_") => Ok(text(name.to_string())),
             other => Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
         }
     }

@@ -35,13 +35,8 @@ impl RemoteTool {
             return None;
         }
         let annotations = tool.annotations.clone().unwrap_or_default();
-        let (risk, requires_approval) = if annotations.read_only_hint == Some(true) {
-            (Risk::Read, false)
-        } else if annotations.destructive_hint == Some(true) {
-            (Risk::Dangerous, true)
-        } else {
-            (Risk::Write, false)
-        };
+        let (risk, requires_approval) =
+            default_risk(annotations.read_only_hint, annotations.destructive_hint);
         let description = tool
             .description
             .as_deref()
@@ -65,6 +60,25 @@ impl RemoteTool {
             remote_name: Arc::from(tool.name.as_ref()),
             spec,
         })
+    }
+}
+
+/// keel's default risk from a tool's annotations, read as the MCP spec
+/// defines them: `readOnlyHint` defaults to false and `destructiveHint` to
+/// true, so a tool that says nothing may destroy. Anything that is not
+/// read-only needs approval until the operator says otherwise (`[tools.
+/// overrides]`): annotations come from the server and are only hints.
+///
+/// | readOnlyHint | destructiveHint  | risk        | approval |
+/// |--------------|------------------|-------------|----------|
+/// | true         | any              | `read`      | no       |
+/// | false/absent | false            | `write`     | yes      |
+/// | false/absent | true/absent      | `dangerous` | yes      |
+fn default_risk(read_only: Option<bool>, destructive: Option<bool>) -> (Risk, bool) {
+    match (read_only, destructive) {
+        (Some(true), _) => (Risk::Read, false),
+        (_, Some(false)) => (Risk::Write, true),
+        _ => (Risk::Dangerous, true),
     }
 }
 
@@ -193,11 +207,19 @@ mod tests {
             (danger.risk, danger.requires_approval),
             (Risk::Dangerous, true)
         );
-        let write = t(json!({}));
+        let write = t(json!({"readOnlyHint": false, "destructiveHint": false}));
         assert_eq!(
             (write.risk, write.requires_approval, write.idempotent),
-            (Risk::Write, false, false)
+            (Risk::Write, true, false)
         );
+        let unsaid = t(json!({}));
+        assert_eq!(
+            (unsaid.risk, unsaid.requires_approval),
+            (Risk::Dangerous, true),
+            "the spec's defaults: not read-only, destructive"
+        );
+        let destructive_by_default = t(json!({"readOnlyHint": false}));
+        assert_eq!(destructive_by_default.risk, Risk::Dangerous);
         assert_eq!(write.name, "plant.t");
         assert_eq!(write.timeout, Duration::from_secs(3));
         assert_eq!(write.source, ToolSource::Mcp);

@@ -28,6 +28,8 @@ pub struct Env {
     pub auth: bool,
     /// `KEEL_LOG` for the server process.
     pub log: String,
+    /// Extra TOML inside `[server]` (e.g. `database_url`, `lease_s`).
+    pub server_extra: String,
 }
 
 impl Env {
@@ -40,6 +42,7 @@ impl Env {
             stream: true,
             auth: false,
             log: "warn".into(),
+            server_extra: String::new(),
         }
     }
 }
@@ -76,6 +79,7 @@ approver_roles = ["approver"]
 [server]
 bind = "127.0.0.1:0"
 data_dir = "{dir}"
+{server_extra}
 
 [[providers]]
 name = "main"
@@ -152,6 +156,7 @@ poll = true
         agent_extra = env.agent_extra,
         extra_tools = env.extra_tools,
         auth = auth,
+        server_extra = env.server_extra,
     )
 }
 
@@ -168,10 +173,15 @@ pub struct Keel {
 impl Keel {
     /// Writes the config into a fresh temp dir and starts `keel serve`.
     pub async fn start(env: &Env) -> Keel {
+        Self::start_with(env, |c| c).await
+    }
+
+    /// Like `start`, with a last edit of the configuration text.
+    pub async fn start_with(env: &Env, edit: impl FnOnce(String) -> String) -> Keel {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
         let config_path = dir.join("keel.toml");
-        std::fs::write(&config_path, config(&dir, env)).unwrap();
+        std::fs::write(&config_path, edit(config(&dir, env))).unwrap();
         let mut k = Keel {
             child: None,
             base: String::new(),

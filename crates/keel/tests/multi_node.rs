@@ -1,0 +1,651 @@
+//! Three `keel serve` nodes on one PostgreSQL database (SPEC §10): any node
+//! accepts runs, streams any run and decides any approval; a node killed
+//! with -9 loses its runs to the others, which resume them from their last
+//! persisted step without running a non-idempotent call twice.
+//!
+//! Each test creates its own database on the local server
+//! (`KEEL_TEST_PG_URL`, an admin URL, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`) and drops it afterwards.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::{Env, Keel, assert_gap_free};
+use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
+use keel_test_support::tool_server::ToolServer;
+use serde_json::{Value, json};
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+
+const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Short, so that a takeover happens within seconds.
+const LEASE_S: u64 = 5;
+
+const TERMINAL: [&str; 3] = ["completed", "failed", "cancelled"];
+
+/// A database of its own for one test, dropped when the test ends.
+struct TestDb {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl TestDb {
+    async fn create() -> Self {
+        let admin =
+            std::env::var("KEEL_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned());
+        let name = format!("keel_multi_{}{}", std::process::id(), unique_suffix());
+        let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|e| {
+            panic!(
+                "PostgreSQL is required for this test and is not reachable at {admin} ({e}); \
+                 start it or set KEEL_TEST_PG_URL"
+            )
+        });
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+        let url = with_database(&admin, &name);
+        Self { admin, name, url }
+    }
+}
+
+/// A few random characters, so that parallel test processes never share a database.
+fn unique_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("_{nanos:09}")
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let (admin, name) = (self.admin.clone(), self.name.clone());
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let mut conn = PgConnection::connect(&admin).await?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                )))
+                .execute(&mut conn)
+                .await?;
+                conn.close().await
+            })
+        });
+        if !matches!(cleanup.join(), Ok(Ok(()))) {
+            eprintln!("could not drop test database {}", self.name);
+        }
+    }
+}
+
+/// `url` with its database name replaced by `database`.
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let root = match base[authority_start..].find('/') {
+        Some(slash) => &base[..authority_start + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{root}/{database}?{query}"),
+        None => format!("{root}/{database}"),
+    }
+}
+
+/// The node config: the shared database, a short lease, and an agent
+/// `multi` with a non-idempotent `charge` tool (each execution is counted
+/// by the tool server under its `key`).
+fn env(model: &FakeOpenAi, tools: &ToolServer, db: &TestDb, node: &str) -> Env {
+    let mut env = Env::new(&model.base_url(), &tools.base_url());
+    env.server_extra = format!(
+        "database_url = \"{}\"\nnode_id = \"{node}\"\nlease_s = {LEASE_S}\n",
+        db.url
+    );
+    env.extra_tools = format!(
+        r#"
+[[tools.http]]
+name = "charge"
+description = "Charge an account; not safe to repeat"
+method = "POST"
+url = "{tools}/charge"
+parameters = {{ type = "object", properties = {{ key = {{ type = "string" }}, ms = {{ type = "integer" }} }}, required = ["key", "ms"] }}
+risk = "write"
+timeout_s = 30
+
+[[agents]]
+id = "multi"
+provider = "main"
+system_prompt = "You run jobs."
+tools = ["charge", "furnace_status", "shutdown_line"]
+"#,
+        tools = tools.base_url()
+    );
+    env.log = "warn,keel_core::cluster=info".into();
+    env
+}
+
+async fn start_nodes(model: &FakeOpenAi, tools: &ToolServer, db: &TestDb) -> Vec<Keel> {
+    let mut nodes = Vec::new();
+    for name in ["node-a", "node-b", "node-c"] {
+        nodes.push(Keel::start(&env(model, tools, db, name)).await);
+    }
+    nodes
+}
+
+/// The first user message of a model request.
+fn user_input(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn tool_results(request: &Value) -> usize {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .count()
+}
+
+async fn start_run(node: &Keel, input: &str) -> String {
+    let (status, body) = node
+        .post("/ai/runs", json!({"input": input, "agent": "multi"}), None)
+        .await;
+    assert_eq!(status, 201, "{body}");
+    body["id"].as_str().unwrap().to_owned()
+}
+
+/// Starts jobs `jobs` concurrently, job N on node `node(N)`; returns
+/// (run id, job, node) for each.
+async fn start_many(
+    bases: &[String],
+    jobs: std::ops::Range<usize>,
+    node: impl Fn(usize) -> usize,
+) -> Vec<(String, usize, usize)> {
+    let http = reqwest::Client::new();
+    let mut set = tokio::task::JoinSet::new();
+    for n in jobs {
+        let at = node(n);
+        let url = format!("{}/ai/runs", bases[at]);
+        let http = http.clone();
+        set.spawn(async move {
+            let resp = http
+                .post(url)
+                .json(&json!({"input": format!("job {n}"), "agent": "multi"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status().as_u16(), 201);
+            let body: Value = resp.json().await.unwrap();
+            (body["id"].as_str().unwrap().to_owned(), n, at)
+        });
+    }
+    let mut runs = Vec::new();
+    while let Some(r) = set.join_next().await {
+        runs.push(r.unwrap());
+    }
+    runs
+}
+
+/// Text without ANSI colour sequences.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Run ids a node's log says it took over.
+fn taken_over(node: &Keel) -> HashSet<String> {
+    plain(&node.log())
+        .lines()
+        .filter(|l| l.contains("took over run"))
+        .filter_map(|l| {
+            let start = l.find("run=")? + 4;
+            let id: String = l[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            Some(id)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_one_killed_every_run_finishes_once() {
+    const RUNS: usize = 200;
+    // Job N: one or two calls of the non-idempotent `charge` (with latency),
+    // or a charge then an idempotent status read; then the answer.
+    let model = FakeOpenAi::start(Script::handler(|req| {
+        let input = user_input(req);
+        let n: usize = input
+            .strip_prefix("job ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let delay = Duration::from_millis(50 + (n % 4) as u64 * 25);
+        match tool_results(req) {
+            0 => Reply::tool_call(
+                "charge",
+                json!({"key": format!("job-{n}-a"), "ms": 1000 + (n % 5) * 200}),
+            )
+            .after(delay),
+            1 if n.is_multiple_of(2) => Reply::tool_call(
+                "charge",
+                json!({"key": format!("job-{n}-b"), "ms": 800 + (n % 3) * 200}),
+            )
+            .after(delay),
+            1 => Reply::tool_call(
+                "furnace_status",
+                json!({"furnace_id": format!("F{}", n % 9)}),
+            )
+            .after(delay),
+            _ => Reply::text(format!("done job {n}")).after(delay),
+        }
+    }))
+    .await;
+    let tools = ToolServer::start().await;
+    let db = TestDb::create().await;
+    let mut nodes = start_nodes(&model, &tools, &db).await;
+
+    // Half the runs spread over the three nodes, all at once; node A is
+    // killed while its runs are in flight; the other half goes to B and C.
+    let began = Instant::now();
+    let bases: Vec<String> = nodes.iter().map(|n| n.base.clone()).collect();
+    let mut runs = start_many(&bases, 0..RUNS / 2, |n| n % 3).await;
+    // Kill A while several of its non-idempotent calls are executing.
+    let a_keys: HashSet<String> = runs
+        .iter()
+        .filter(|(_, _, node)| *node == 0)
+        .flat_map(|(_, n, _)| [format!("job-{n}-a"), format!("job-{n}-b")])
+        .collect();
+    let wait_for_calls = Instant::now() + Duration::from_secs(20);
+    loop {
+        let calls = tools.calls();
+        let state = |route: &str| -> HashSet<String> {
+            calls
+                .iter()
+                .filter(|(r, _)| r == route)
+                .filter_map(|(_, a)| a["key"].as_str().map(str::to_owned))
+                .filter(|k| a_keys.contains(k))
+                .collect()
+        };
+        let in_flight = state("charge_started").difference(&state("charge")).count();
+        if in_flight >= 8 || Instant::now() > wait_for_calls {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nodes[0].kill9().await;
+    let killed_at = Instant::now();
+    // The survivors' logs, watched closely: when did they take runs over?
+    let logs: Vec<std::path::PathBuf> = nodes[1..].iter().map(|n| n.dir.join("keel.log")).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let watcher = tokio::spawn(async move {
+        let (mut first, mut last, mut seen) = (None, None, 0);
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+            let n: usize = logs
+                .iter()
+                .map(|p| {
+                    plain(&std::fs::read_to_string(p).unwrap_or_default())
+                        .matches("took over run")
+                        .count()
+                })
+                .sum();
+            if n > seen {
+                first.get_or_insert(killed_at.elapsed());
+                last = Some(killed_at.elapsed());
+                seen = n;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        (first, last)
+    });
+    runs.extend(start_many(&bases, RUNS / 2..RUNS, |n| 1 + n % 2).await);
+    let on_a: Vec<&String> = runs
+        .iter()
+        .filter(|(_, _, node)| *node == 0)
+        .map(|(id, _, _)| id)
+        .collect();
+
+    // Which of node A's runs were left unfinished by the kill.
+    let survivor = &nodes[1];
+    let mut orphaned = HashSet::new();
+    for id in &on_a {
+        let (code, run) = survivor.get(&format!("/ai/runs/{id}"), None).await;
+        assert_eq!(code, 200, "{run}");
+        if !TERMINAL.contains(&run["status"].as_str().unwrap()) {
+            orphaned.insert((*id).clone());
+        }
+    }
+    println!(
+        "multi-node: node A killed {:.2}s after the first run, with {} of its {} runs unfinished",
+        (killed_at - began).as_secs_f64(),
+        orphaned.len(),
+        on_a.len()
+    );
+
+    // Wait for every run to end, watching the survivors take over.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut statuses: HashMap<String, String> = HashMap::new();
+    loop {
+        for (id, _, _) in &runs {
+            if statuses
+                .get(id)
+                .is_some_and(|s| TERMINAL.contains(&s.as_str()))
+            {
+                continue;
+            }
+            let (code, run) = survivor.get(&format!("/ai/runs/{id}"), None).await;
+            assert_eq!(code, 200, "{run}");
+            statuses.insert(id.clone(), run["status"].as_str().unwrap().to_owned());
+        }
+        let open = statuses
+            .values()
+            .filter(|s| !TERMINAL.contains(&s.as_str()))
+            .count();
+        if open == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{open} runs never ended: {:?}",
+            statuses
+                .iter()
+                .filter(|(_, s)| !TERMINAL.contains(&s.as_str()))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let all_done = began.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (first_takeover, last_takeover) = watcher.await.unwrap();
+
+    // Every orphaned run was taken over by a survivor.
+    let taken: HashSet<String> = nodes[1..].iter().flat_map(taken_over).collect();
+    for id in &orphaned {
+        assert!(
+            taken.contains(id),
+            "run {id} of the dead node was never taken over"
+        );
+    }
+
+    // Every event log, read through a surviving node: gap-free, no
+    // duplicate, one start, one end; no charge call executed twice.
+    let mut unknown_outcomes = 0;
+    let mut completed = 0;
+    for (i, (id, n, _)) in runs.iter().enumerate() {
+        let reader = &nodes[1 + i % 2];
+        let frames = reader.events(id, None, None).await;
+        assert_gap_free(&frames, 1);
+        let seqs: HashSet<u64> = frames.iter().map(|f| f.id).collect();
+        assert_eq!(seqs.len(), frames.len(), "run {id}: duplicate seq");
+        assert_eq!(
+            frames.iter().filter(|f| f.event == "run_started").count(),
+            1,
+            "run {id}"
+        );
+        let last = frames.last().unwrap();
+        assert!(
+            ["run_completed", "run_failed", "run_cancelled"].contains(&last.event.as_str()),
+            "run {id} ends with {}",
+            last.event
+        );
+        let terminal_events = frames
+            .iter()
+            .filter(|f| f.event.starts_with("run_") && f.event != "run_started")
+            .count();
+        assert_eq!(terminal_events, 1, "run {id}");
+        let mut charge_calls: HashMap<String, usize> = HashMap::new();
+        for f in frames.iter().filter(|f| f.event == "tool_call") {
+            if f.data["tool"] == "charge" {
+                *charge_calls
+                    .entry(f.data["call_id"].as_str().unwrap().to_owned())
+                    .or_default() += 1;
+            }
+        }
+        assert!(
+            charge_calls.values().all(|&c| c == 1),
+            "run {id}: a charge call started twice: {charge_calls:?}"
+        );
+        unknown_outcomes += frames
+            .iter()
+            .filter(|f| {
+                f.event == "tool_result"
+                    && f.data["error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains("outcome") && e.contains("unknown"))
+            })
+            .count();
+        if last.event == "run_completed" {
+            completed += 1;
+            let (_, run) = reader.get(&format!("/ai/runs/{id}"), None).await;
+            assert_eq!(run["output"], format!("done job {n}"), "run {id}");
+        }
+    }
+    let mut executions: HashMap<String, usize> = HashMap::new();
+    for (route, args) in tools.calls() {
+        if route == "charge_started" {
+            *executions
+                .entry(args["key"].as_str().unwrap().to_owned())
+                .or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = executions.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "non-idempotent calls executed twice: {twice:?}"
+    );
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    assert!(
+        !orphaned.is_empty(),
+        "the kill should have interrupted runs"
+    );
+    assert!(
+        unknown_outcomes > 0,
+        "the kill should have interrupted non-idempotent calls, whose outcome the model is told is unknown"
+    );
+    assert_eq!(completed, RUNS, "every run answers");
+
+    println!(
+        "multi-node: runs={RUNS} on_killed_node={} orphaned_by_kill={} takeovers={} \
+         first_takeover_after_kill={:.2}s last_takeover_after_kill={:.2}s \
+         unknown_outcome_results={unknown_outcomes} charge_executions={} all_done_in={:.1}s \
+         (lease {LEASE_S}s)",
+        on_a.len(),
+        orphaned.len(),
+        taken.len(),
+        first_takeover.unwrap_or_default().as_secs_f64(),
+        last_takeover.unwrap_or_default().as_secs_f64(),
+        executions.len(),
+        all_done.as_secs_f64(),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn follow_on_b_approve_on_c_while_the_run_lives_on_a() {
+    let model = FakeOpenAi::start(Script::handler(|req| {
+        match (user_input(req).as_str(), tool_results(req)) {
+            ("shut F2 down", 0) => {
+                Reply::tool_call("charge", json!({"key": "before-shutdown", "ms": 300}))
+            }
+            ("shut F2 down", 1) => Reply::tool_call("shutdown_line", json!({"furnace_id": "F2"})),
+            ("shut F2 down", _) => Reply::text("Line F2 is shut down."),
+            // A call without its required argument: the run asks the user.
+            ("status?", 0) => Reply::tool_call("furnace_status", json!({})),
+            ("status?", _) => Reply::text("F4 is running."),
+            ("wait for me", 0) => Reply::tool_call("furnace_status", json!({})),
+            _ => Reply::text("ok"),
+        }
+    }))
+    .await;
+    let tools = ToolServer::start().await;
+    let db = TestDb::create().await;
+    let nodes = start_nodes(&model, &tools, &db).await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+
+    let id = start_run(a, "shut F2 down").await;
+    // A client on node B follows the run from its first event.
+    let follower = {
+        let base = b.base.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            let resp = reqwest::Client::new()
+                .get(format!("{base}/ai/runs/{id}/events"))
+                .send()
+                .await
+                .unwrap();
+            keel_test_support::sse::read_frames(resp, Duration::from_secs(60), |_| false).await
+        })
+    };
+    let waiting = c.wait_status(&id, "waiting_approval", None).await;
+    assert_eq!(waiting["pending"]["tool"], "shutdown_line");
+    assert_eq!(tools.count("restart"), 0, "nothing runs before approval");
+    let (code, list) = c.get("/ai/approvals?status=pending", None).await;
+    assert_eq!(code, 200, "{list}");
+    let approval = list["approvals"][0]["id"].as_str().unwrap().to_owned();
+    let (code, decided) = c
+        .post(
+            &format!("/ai/approvals/{approval}"),
+            json!({"decision": "approve", "reason": "planned"}),
+            None,
+        )
+        .await;
+    assert_eq!(code, 200, "{decided}");
+    let run = b.wait_status(&id, "completed", None).await;
+    assert_eq!(run["output"], "Line F2 is shut down.");
+    assert_eq!(
+        tools.count("restart"),
+        1,
+        "the approved call ran exactly once"
+    );
+
+    let frames = tokio::time::timeout(Duration::from_secs(30), follower)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_gap_free(&frames, 1);
+    let kinds: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
+    for kind in [
+        "run_started",
+        "tool_call",
+        "approval_required",
+        "approval_resolved",
+        "final",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+    }
+    assert_eq!(kinds.last(), Some(&"run_completed"), "{kinds:?}");
+    // The run never moved: node A executed it from start to end.
+    for node in &nodes {
+        assert!(taken_over(node).is_empty(), "no takeover expected");
+    }
+
+    // A clarification answered on node C reaches the run on node A.
+    let asking = start_run(a, "status?").await;
+    b.wait_status(&asking, "waiting_input", None).await;
+    let (code, body) = c
+        .post(
+            &format!("/ai/runs/{asking}/input"),
+            json!({"text": "F4"}),
+            None,
+        )
+        .await;
+    assert_eq!(code, 202, "{body}");
+    let run = b.wait_status(&asking, "completed", None).await;
+    assert_eq!(run["output"], "F4 is running.");
+
+    // A cancel posted on node B stops the run waiting on node A.
+    let waiting = start_run(a, "wait for me").await;
+    c.wait_status(&waiting, "waiting_input", None).await;
+    let (code, body) = b
+        .post(&format!("/ai/runs/{waiting}/cancel"), json!({}), None)
+        .await;
+    assert!(code == 202 || code == 200, "{code} {body}");
+    c.wait_status(&waiting, "cancelled", None).await;
+    let frames = c.events(&waiting, None, None).await;
+    assert_gap_free(&frames, 1);
+    assert_eq!(frames.last().unwrap().event, "run_cancelled");
+
+    // Every node reports itself ready, under its own id.
+    for (node, name) in nodes.iter().zip(["node-a", "node-b", "node-c"]) {
+        let (code, ready) = node.get("/readyz", None).await;
+        assert_eq!(code, 200, "{ready}");
+        assert_eq!(ready["checks"]["store"], "ok");
+        assert_eq!(ready["node"]["id"], name);
+        assert_eq!(ready["node"]["owned_runs"], 0, "{ready}");
+    }
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+#[tokio::test]
+async fn keel_migrate_brings_a_fresh_database_to_the_current_schema() {
+    let db = TestDb::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keel.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndata_dir = \"{}\"\ndatabase_url = \"{}\"\n\n[[providers]]\nname = \"main\"\n\
+             kind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\n\n\
+             [[agents]]\nid = \"default\"\nprovider = \"main\"\n",
+            dir.path().display(),
+            db.url
+        ),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("migrate")
+        .arg("--config")
+        .arg(&config)
+        .env("KEEL_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("schema version"), "{stdout}");
+    let mut conn = PgConnection::connect(&db.url).await.unwrap();
+    let columns: Vec<String> = sqlx::query_scalar(
+        "SELECT column_name::text FROM information_schema.columns \
+         WHERE table_name = 'runs' AND column_name IN ('owner', 'lease_until') ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(columns, ["lease_until", "owner"]);
+    conn.close().await.unwrap();
+}
