@@ -20,6 +20,8 @@ pub struct App {
     pub config: Config,
     pub runtime: Runtime,
     pub tools: Arc<LoadedTools>,
+    /// Long-term memory: the `memory_*` tools, `/ai/memory/*`, session summaries.
+    pub memory: Arc<dyn keel_memory::Memory>,
     /// API keys resolved from the environment.
     pub keys: Vec<(String, Principal)>,
 }
@@ -259,12 +261,29 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         .await
         .context("loading tools")?;
     let tools = Arc::new(tools);
-    let toolset = ToolSet::new(tools.tools.clone()).context("registering tools")?;
+    let memory = keel_memory::from_config(&config)
+        .await
+        .context("opening long-term memory")?;
+    let status = memory.status();
+    match (&status.embedder, &status.notice) {
+        (_, Some(notice)) => tracing::warn!("memory: {notice}"),
+        (Some(model), None) => {
+            tracing::info!("memory: hybrid search with the embedding model {model}")
+        }
+        (None, None) => {}
+    }
+    let toolset =
+        ToolSet::new(with_builtins(tools.tools.clone(), &memory)).context("registering tools")?;
     let options = RuntimeOptions {
         approver_roles: config.auth.approver_roles.clone(),
         approval_timeout: Duration::from_secs(config.policy.approval_timeout_s.max(1)),
         guards: guards(&config)?,
-        memory: None,
+        memory: Some(Arc::new(SessionSummaries {
+            memory: memory.clone(),
+            dir: PathBuf::from(&config.server.data_dir)
+                .join("memory")
+                .join("sessions"),
+        })),
         summary_fallback_messages: 20,
     };
     let runtime =
@@ -287,6 +306,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         ));
     }
     Ok(App {
+        memory,
         config,
         runtime,
         tools,
@@ -310,13 +330,77 @@ fn guards(config: &Config) -> anyhow::Result<Guards> {
     })
 }
 
+/// The configured tools plus keel's built-in ones.
+fn with_builtins(
+    mut tools: Vec<Arc<dyn keel_protocol::Tool>>,
+    memory: &Arc<dyn keel_memory::Memory>,
+) -> Vec<Arc<dyn keel_protocol::Tool>> {
+    tools.push(Arc::new(keel_memory::MemorySearchTool::new(memory.clone())));
+    tools.push(Arc::new(keel_memory::MemoryGetTool::new(memory.clone())));
+    tools
+}
+
+/// Session summaries go to long-term memory (indexed, so `memory_search`
+/// finds them) and to a readable Markdown file per session under the data dir.
+struct SessionSummaries {
+    memory: Arc<dyn keel_memory::Memory>,
+    dir: PathBuf,
+}
+
+#[async_trait::async_trait]
+impl keel_core::SessionMemory for SessionSummaries {
+    async fn remember_session(
+        &self,
+        tenant: &str,
+        agent: &str,
+        session: &str,
+        archived_as: &str,
+        markdown: &str,
+    ) -> Result<String, String> {
+        let safe = |s: &str| -> String {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect()
+        };
+        let dir = self.dir.join(safe(tenant)).join(safe(agent));
+        let file = dir.join(format!("{}.md", safe(archived_as)));
+        tokio::fs::create_dir_all(&dir)
+            .await
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        tokio::fs::write(&file, markdown)
+            .await
+            .map_err(|e| format!("writing {}: {e}", file.display()))?;
+        self.memory
+            .add_document(keel_memory::MemoryDocument {
+                tenant: tenant.to_owned(),
+                agent: agent.to_owned(),
+                source: format!("session:{archived_as}"),
+                title: format!("Session {session}"),
+                text: markdown.to_owned(),
+                created_at: keel_protocol::now(),
+            })
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Keeps the runtime's tools in step with the MCP servers: when a server's
 /// tool list changes, the whole set is rebuilt and swapped in.
-pub fn follow_tool_changes(runtime: Runtime, tools: Arc<LoadedTools>) {
+pub fn follow_tool_changes(
+    runtime: Runtime,
+    tools: Arc<LoadedTools>,
+    memory: Arc<dyn keel_memory::Memory>,
+) {
     tokio::spawn(async move {
         let mut changes = tools.changes();
         while changes.changed().await {
-            match ToolSet::new(tools.current_tools()) {
+            match ToolSet::new(with_builtins(tools.current_tools(), &memory)) {
                 Ok(set) => {
                     tracing::info!(
                         tools = set.len(),

@@ -33,7 +33,7 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("binding {bind}"))?;
     let local = listener.local_addr().context("reading the bound address")?;
-    crate::app::follow_tool_changes(app.runtime.clone(), app.tools.clone());
+    crate::app::follow_tool_changes(app.runtime.clone(), app.tools.clone(), app.memory.clone());
     let resumed = app
         .runtime
         .resume_unfinished()
@@ -44,7 +44,7 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         auth: Arc::new(auth),
         max_body_bytes: app.config.server.max_body_bytes,
         metrics: keel_server::metrics::handle(),
-        memory: None,
+        memory: Some(app.memory.clone()),
     };
     tracing::info!(
         addr = %local,

@@ -14,7 +14,8 @@ use serde_json::json;
 async fn add_then_search_is_scoped_to_the_tenant() {
     let model = FakeOpenAi::start(Script::queue(vec![Reply::text("unused")])).await;
     let tools = ToolServer::start().await;
-    let env = Env::new(&model.base_url(), &tools.base_url());
+    let mut env = Env::new(&model.base_url(), &tools.base_url());
+    env.auth = true;
     let keel = Keel::start(&env).await;
 
     let (status, body) = keel

@@ -14,6 +14,11 @@ pub async fn healthz() -> impl IntoResponse {
 /// several nodes on one database, the load balancer's view of each).
 pub async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     let node = s.runtime.node_id().to_owned();
+    // Memory degrades (BM25 only without an embedding model) but never silently.
+    let memory = s.memory.as_ref().map(|m| {
+        let st = m.status();
+        json!({"embedder": st.embedder, "notice": st.notice})
+    });
     match s.runtime.store().ping().await {
         Ok(()) => {
             let owned = s.runtime.owned_runs().await.ok();
@@ -23,6 +28,7 @@ pub async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
                     "status": "ready",
                     "checks": {"store": "ok"},
                     "node": {"id": node, "owned_runs": owned},
+                    "memory": memory,
                 })),
             )
         }
