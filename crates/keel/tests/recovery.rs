@@ -60,6 +60,18 @@ async fn non_idempotent_call_in_flight_is_not_rerun_and_the_model_is_told() {
     let id = keel.start_run("Do the slow thing", None).await;
     keel.events_until(&id, None, None, |f| f.event == "tool_call")
         .await;
+    // Kill only once the call has really reached the tool (it is in flight).
+    for _ in 0..500 {
+        if tools.count("slow_started") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        tools.count("slow_started"),
+        1,
+        "the call reached the tool before the crash"
+    );
     keel.kill9().await;
     keel.restart().await;
     let run = keel.wait_status(&id, "completed", None).await;
