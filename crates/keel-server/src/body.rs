@@ -19,17 +19,31 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             .get(axum::http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
+        let too_large = || ApiError::too_large(format!("body: larger than the {limit}-byte limit"));
         if declared.is_some_and(|n| n > limit) {
-            return Err(ApiError::too_large(format!(
-                "body: larger than the {limit}-byte limit"
-            )));
+            drain(req.into_body()).await;
+            return Err(too_large());
         }
         let bytes: Bytes = axum::body::to_bytes(req.into_body(), limit)
             .await
-            .map_err(|_| {
-                ApiError::too_large(format!("body: larger than the {limit}-byte limit"))
-            })?;
+            .map_err(|_| too_large())?;
         parse(&bytes).map(JsonBody)
+    }
+}
+
+/// Bodies up to this size are read and discarded before a 413 is sent, so
+/// that a client still writing sees the answer instead of a broken pipe.
+const DRAIN_CAP: usize = 16 * 1024 * 1024;
+
+async fn drain(body: axum::body::Body) {
+    use futures::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut seen = 0usize;
+    while let Some(Ok(chunk)) = stream.next().await {
+        seen += chunk.len();
+        if seen > DRAIN_CAP {
+            break;
+        }
     }
 }
 
