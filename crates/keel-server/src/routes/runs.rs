@@ -201,18 +201,38 @@ fn accepted() -> (StatusCode, Json<Value>) {
     (StatusCode::ACCEPTED, Json(json!({"status": "accepted"})))
 }
 
+/// The three commands that carry a text to a run.
+enum TextCommand {
+    Input,
+    Steer,
+    FollowUp,
+}
+
+async fn send_text(
+    s: AppState,
+    p: keel_protocol::Principal,
+    id: String,
+    body: TextBody,
+    command: TextCommand,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let text = text_of(body)?;
+    let runtime = &s.runtime;
+    let sent = match command {
+        TextCommand::Input => runtime.input(&p.tenant, &id, text).await,
+        TextCommand::Steer => runtime.steer(&p.tenant, &id, text).await,
+        TextCommand::FollowUp => runtime.follow_up(&p.tenant, &id, text).await,
+    };
+    sent.map_err(|e| from_core(e, "run"))?;
+    Ok(accepted())
+}
+
 pub async fn input(
     State(s): State<AppState>,
     Caller(p): Caller,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TextBody>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let text = text_of(body)?;
-    s.runtime
-        .input(&p.tenant, &id, text)
-        .await
-        .map_err(|e| from_core(e, "run"))?;
-    Ok(accepted())
+    send_text(s, p, id, body, TextCommand::Input).await
 }
 
 pub async fn steer(
@@ -221,12 +241,7 @@ pub async fn steer(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TextBody>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let text = text_of(body)?;
-    s.runtime
-        .steer(&p.tenant, &id, text)
-        .await
-        .map_err(|e| from_core(e, "run"))?;
-    Ok(accepted())
+    send_text(s, p, id, body, TextCommand::Steer).await
 }
 
 pub async fn follow_up(
@@ -235,12 +250,7 @@ pub async fn follow_up(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TextBody>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let text = text_of(body)?;
-    s.runtime
-        .follow_up(&p.tenant, &id, text)
-        .await
-        .map_err(|e| from_core(e, "run"))?;
-    Ok(accepted())
+    send_text(s, p, id, body, TextCommand::FollowUp).await
 }
 
 pub async fn cancel(
