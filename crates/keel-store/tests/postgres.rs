@@ -16,93 +16,11 @@ use keel_protocol::{
     ApprovalStore, Commit, EventKind, Message, RunPatch, RunStatus, Store, StoreError,
 };
 use keel_store::PostgresStore;
+use keel_test_support::pg::{TestDb, with_database};
 use keel_test_support::store_suite;
 
-const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
-fn admin_url() -> String {
-    std::env::var("KEEL_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned())
-}
-
-/// `url` with its database name replaced by `database`.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let root = match base[authority_start..].find('/') {
-        Some(slash) => &base[..authority_start + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{root}/{database}?{query}"),
-        None => format!("{root}/{database}"),
-    }
-}
-
-async fn admin_connection(admin: &str) -> PgConnection {
-    PgConnection::connect(admin).await.unwrap_or_else(|e| {
-        panic!(
-            "PostgreSQL is required for these tests and is not reachable at {admin} ({e}). \
-             Start it, or point KEEL_TEST_PG_URL at an admin URL of a server that is up."
-        )
-    })
-}
-
-/// A database of its own for one test, dropped when the test ends, even
-/// when it fails.
-struct TestDb {
-    admin: String,
-    name: String,
-    url: String,
-}
-
-impl TestDb {
-    async fn create() -> Self {
-        let admin = admin_url();
-        let name = keel_protocol::new_id("keel_test");
-        let mut conn = admin_connection(&admin).await;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("creating test database {name}: {e}"));
-        conn.close().await.unwrap();
-        let url = with_database(&admin, &name);
-        Self { admin, name, url }
-    }
-
-    async fn connect(&self) -> PostgresStore {
-        PostgresStore::connect(&self.url).await.unwrap()
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        // Drop cannot await, and the test's runtime may be shutting down:
-        // a thread with a runtime of its own does the cleanup.
-        let (admin, name) = (self.admin.clone(), self.name.clone());
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let mut conn = PgConnection::connect(&admin).await?;
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-                )))
-                .execute(&mut conn)
-                .await?;
-                conn.close().await
-            })
-        });
-        match cleanup.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("could not drop test database {}: {e}", self.name),
-            Err(_) => eprintln!("dropping test database {} panicked", self.name),
-        }
-    }
+async fn connect(db: &TestDb) -> PostgresStore {
+    PostgresStore::connect(&db.url).await.unwrap()
 }
 
 #[test]
@@ -121,14 +39,14 @@ fn database_urls_are_rewritten() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite() {
     let db = TestDb::create().await;
-    let store = db.connect().await;
+    let store = connect(&db).await;
     store_suite::run_all(Arc::new(store)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_commits_are_gap_free() {
     let db = TestDb::create().await;
-    let store: Arc<dyn Store> = Arc::new(db.connect().await);
+    let store: Arc<dyn Store> = Arc::new(connect(&db).await);
     store_suite::concurrent_commits_are_gap_free(&store, 50).await;
 }
 
@@ -151,7 +69,7 @@ async fn data_survives_reconnect() {
     let db = TestDb::create().await;
     let tenant = keel_protocol::new_id("ten");
 
-    let store = db.connect().await;
+    let store = connect(&db).await;
     let (run, _) = store
         .create_run(store_suite::new_run(&tenant, "s"))
         .await
@@ -184,7 +102,7 @@ async fn data_survives_reconnect() {
     store.close().await;
     drop(store);
 
-    let store = db.connect().await;
+    let store = connect(&db).await;
     let after = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
     assert_eq!(after, before);
     assert_eq!(after.principal, before.principal);

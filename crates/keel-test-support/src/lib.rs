@@ -1,6 +1,7 @@
 //! keel-test-support
 pub mod fake_anthropic;
 pub mod fake_openai;
+pub mod pg;
 pub mod sse;
 pub mod store_suite;
 pub mod tool_server;

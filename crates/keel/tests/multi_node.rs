@@ -20,90 +20,12 @@ use serde_json::{Value, json};
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 
-const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
 /// Short, so that a takeover happens within seconds.
 const LEASE_S: u64 = 5;
 
 const TERMINAL: [&str; 3] = ["completed", "failed", "cancelled"];
 
-/// A database of its own for one test, dropped when the test ends.
-struct TestDb {
-    admin: String,
-    name: String,
-    url: String,
-}
-
-impl TestDb {
-    async fn create() -> Self {
-        let admin =
-            std::env::var("KEEL_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned());
-        let name = format!("keel_multi_{}{}", std::process::id(), unique_suffix());
-        let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|e| {
-            panic!(
-                "PostgreSQL is required for this test and is not reachable at {admin} ({e}); \
-                 start it or set KEEL_TEST_PG_URL"
-            )
-        });
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        conn.close().await.unwrap();
-        let url = with_database(&admin, &name);
-        Self { admin, name, url }
-    }
-}
-
-/// A few random characters, so that parallel test processes never share a database.
-fn unique_suffix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("_{nanos:09}")
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let (admin, name) = (self.admin.clone(), self.name.clone());
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let mut conn = PgConnection::connect(&admin).await?;
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-                )))
-                .execute(&mut conn)
-                .await?;
-                conn.close().await
-            })
-        });
-        if !matches!(cleanup.join(), Ok(Ok(()))) {
-            eprintln!("could not drop test database {}", self.name);
-        }
-    }
-}
-
-/// `url` with its database name replaced by `database`.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let root = match base[authority_start..].find('/') {
-        Some(slash) => &base[..authority_start + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{root}/{database}?{query}"),
-        None => format!("{root}/{database}"),
-    }
-}
+use keel_test_support::pg::TestDb;
 
 /// The node config: the shared database, a short lease, and an agent
 /// `multi` with a non-idempotent `charge` tool (each execution is counted
