@@ -172,6 +172,12 @@ pub struct AgentConfig {
     pub loop_detection: LoopDetection,
     #[serde(default)]
     pub drift: Drift,
+    #[serde(default)]
+    pub compaction: Compaction,
+    /// What a finished run must have achieved; kept with the goal and shown
+    /// to reflection, so "done" is judged against it rather than guessed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_criterion: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -334,26 +340,115 @@ fn d_error_streak_critical() -> u32 {
     5
 }
 
+/// Staying on course (SPEC §4.12). Intervals count model steps; 0 turns
+/// that correction off, and `enabled = false` turns all of them off.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Drift {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// A reflection call every this many steps (also on drift).
     #[serde(default = "d_interval")]
     pub reflection_interval: u32,
+    /// A checkpoint every this many steps.
     #[serde(default = "d_interval")]
     pub checkpoint_interval: u32,
+    /// A drift score (0..1, 1 = on track) below this is drift.
+    #[serde(default = "d_drift_threshold")]
+    pub threshold: f64,
+    /// Recent steps the score looks at.
+    #[serde(default = "d_drift_window")]
+    pub window: u32,
+    /// Tool calls a run of this agent is expected to need; 0 = learn from past runs.
+    #[serde(default)]
+    pub expected_tool_calls: u32,
+    /// Distinct tools a run is expected to use; 0 = no expectation.
+    #[serde(default)]
+    pub expected_tools: u32,
+    /// Drift or a loop that persists after a reflection resets the context.
+    #[serde(default = "yes")]
+    pub context_reset: bool,
+    /// Resets allowed per run, so a correction can never loop.
+    #[serde(default = "d_max_resets")]
+    pub max_context_resets: u32,
+    /// A score below this (deep drift) restores the last checkpoint, when on.
+    #[serde(default)]
+    pub restore_on_deep_drift: bool,
+    #[serde(default = "d_deep_drift")]
+    pub deep_drift_threshold: f64,
 }
 
 impl Default for Drift {
     fn default() -> Self {
         Self {
+            enabled: true,
             reflection_interval: d_interval(),
             checkpoint_interval: d_interval(),
+            threshold: d_drift_threshold(),
+            window: d_drift_window(),
+            expected_tool_calls: 0,
+            expected_tools: 0,
+            context_reset: true,
+            max_context_resets: d_max_resets(),
+            restore_on_deep_drift: false,
+            deep_drift_threshold: d_deep_drift(),
         }
     }
 }
 
 fn d_interval() -> u32 {
     5
+}
+fn d_drift_threshold() -> f64 {
+    0.35
+}
+fn d_drift_window() -> u32 {
+    4
+}
+fn d_max_resets() -> u32 {
+    1
+}
+fn d_deep_drift() -> f64 {
+    0.15
+}
+
+/// Compaction (SPEC §4.13): older turns are summarized once the prompt
+/// nears the model's context window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compaction {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Share of the context window at which older turns are summarized.
+    #[serde(default = "d_compaction_threshold")]
+    pub threshold: f64,
+    /// Newest messages always kept verbatim (pending call/result pairs are kept whole in any case).
+    #[serde(default = "d_keep_recent")]
+    pub keep_recent_messages: u32,
+    /// Used when the provider declares no `context_window`.
+    #[serde(default = "d_context_window")]
+    pub default_context_window: u64,
+}
+
+impl Default for Compaction {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            threshold: d_compaction_threshold(),
+            keep_recent_messages: d_keep_recent(),
+            default_context_window: d_context_window(),
+        }
+    }
+}
+
+fn d_compaction_threshold() -> f64 {
+    0.75
+}
+fn d_keep_recent() -> u32 {
+    6
+}
+fn d_context_window() -> u64 {
+    32_768
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -143,6 +143,8 @@ static AGENT: &[Field] = &[
     opt("limits", Ty::Table(LIMITS)),
     opt("loop_detection", Ty::Table(LOOP_DETECTION)),
     opt("drift", Ty::Table(DRIFT)),
+    opt("compaction", Ty::Table(COMPACTION)),
+    opt("success_criterion", Ty::Str),
 ];
 
 static LIMITS: &[Field] = &[
@@ -173,8 +175,24 @@ static LOOP_DETECTION: &[Field] = &[
 ];
 
 static DRIFT: &[Field] = &[
+    opt("enabled", Ty::Bool),
     opt("reflection_interval", U32),
     opt("checkpoint_interval", U32),
+    opt("threshold", Ty::Number),
+    opt("window", U32),
+    opt("expected_tool_calls", U32),
+    opt("expected_tools", U32),
+    opt("context_reset", Ty::Bool),
+    opt("max_context_resets", U32),
+    opt("restore_on_deep_drift", Ty::Bool),
+    opt("deep_drift_threshold", Ty::Number),
+];
+
+static COMPACTION: &[Field] = &[
+    opt("enabled", Ty::Bool),
+    opt("threshold", Ty::Number),
+    opt("keep_recent_messages", U32),
+    opt("default_context_window", U64),
 ];
 
 static TOOLS: &[Field] = &[
@@ -646,6 +664,8 @@ mod tests {
                 limits: Limits::default(),
                 loop_detection: LoopDetection::default(),
                 drift: Drift::default(),
+                compaction: Compaction::default(),
+                success_criterion: Some("c".into()),
             }],
             tools: ToolsConfig {
                 mcp: vec![McpServerConfig {

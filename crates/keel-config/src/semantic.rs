@@ -144,6 +144,7 @@ fn check_agents(config: &Config, found: &mut Findings) {
             found.error_at(&limits.key("max_steps"), "must be at least 1".into());
         }
         check_loop_detection(found, &at.key("loop_detection"), &agent.loop_detection);
+        check_course(found, &at, agent);
         for (j, pattern) in agent.tools.iter().enumerate() {
             if !pattern_is_known(config, pattern) {
                 found.warning_at(
@@ -184,6 +185,47 @@ fn check_loop_detection(found: &mut Findings, at: &KeyPath, ld: &crate::model::L
                 ),
             );
         }
+    }
+}
+
+/// Scores and shares are fractions; a compaction threshold of 0 or 1 would
+/// compact every step or only once the provider already refuses the prompt.
+fn check_course(found: &mut Findings, at: &KeyPath, agent: &crate::model::AgentConfig) {
+    let drift = at.key("drift");
+    for (name, v) in [
+        ("threshold", agent.drift.threshold),
+        ("deep_drift_threshold", agent.drift.deep_drift_threshold),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            found.error_at(
+                &drift.key(name),
+                format!("must be between 0 and 1, not {v}"),
+            );
+        }
+    }
+    if agent.drift.deep_drift_threshold > agent.drift.threshold {
+        found.error_at(
+            &drift.key("deep_drift_threshold"),
+            format!(
+                "deep_drift_threshold ({}) is above threshold ({}): deep drift must be the worse case",
+                agent.drift.deep_drift_threshold, agent.drift.threshold
+            ),
+        );
+    }
+    let c = agent.compaction.threshold;
+    if c.is_nan() || c <= 0.05 || c >= 1.0 {
+        found.error_at(
+            &at.key("compaction").key("threshold"),
+            format!(
+                "must be a share of the context window between 0.05 and 1 (exclusive), not {c}"
+            ),
+        );
+    }
+    if agent.compaction.default_context_window < 512 {
+        found.error_at(
+            &at.key("compaction").key("default_context_window"),
+            "must be at least 512 tokens".into(),
+        );
     }
 }
 

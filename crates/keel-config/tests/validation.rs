@@ -416,3 +416,50 @@ ping_pong_criticl = 9
     assert!(messages(&r).contains("did you mean \"ping_pong_critical\""));
     assert!(messages(&r).contains("poll_critical (5) is less than poll_warning (6)"));
 }
+
+#[test]
+fn drift_and_compaction_settings_must_make_sense() {
+    let r = load(
+        r#"
+[[agents]]
+id = "a"
+provider = "main"
+[agents.drift]
+threshold = 1.5
+deep_drift_threshold = 0.2
+reflection_interval = 0
+[agents.compaction]
+threshold = 1.0
+default_context_window = 100
+"#,
+    );
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(E, "agents[0].drift.threshold"),
+            k(E, "agents[0].compaction.threshold"),
+            k(E, "agents[0].compaction.default_context_window"),
+        ],
+        "{}",
+        messages(&r)
+    );
+    assert!(messages(&r).contains("must be between 0 and 1, not 1.5"));
+}
+
+#[test]
+fn drift_and_compaction_can_be_turned_off() {
+    let r = load(
+        r#"
+[[agents]]
+id = "a"
+provider = "main"
+routing = "pre_route"
+success_criterion = "the batch count for F2 is given"
+[agents.drift]
+enabled = false
+[agents.compaction]
+enabled = false
+"#,
+    );
+    assert!(keys(&r).is_empty(), "{}", messages(&r));
+}

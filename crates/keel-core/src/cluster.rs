@@ -50,6 +50,7 @@ impl Posted {
             Self::Run(Command::Steer(text)) => json!({"type": "steer", "text": text}),
             Self::Run(Command::FollowUp(text)) => json!({"type": "follow_up", "text": text}),
             Self::Run(Command::ApprovalDecided) => json!({"type": "approval_decided"}),
+            Self::Run(Command::Restore(id)) => json!({"type": "restore", "checkpoint_id": id}),
             Self::Run(Command::ToolOutputs(outputs)) => json!({
                 "type": "tool_outputs",
                 "outputs": outputs
@@ -68,6 +69,9 @@ impl Posted {
             "steer" => Self::Run(Command::Steer(text()?)),
             "follow_up" => Self::Run(Command::FollowUp(text()?)),
             "approval_decided" => Self::Run(Command::ApprovalDecided),
+            "restore" => Self::Run(Command::Restore(
+                v.get("checkpoint_id")?.as_str()?.to_owned(),
+            )),
             "tool_outputs" => Self::Run(Command::ToolOutputs(
                 v.get("outputs")?
                     .as_array()?

@@ -7,6 +7,8 @@ pub mod agent;
 pub mod bus;
 pub mod clarify;
 mod cluster;
+mod context;
+pub mod course;
 pub mod error;
 pub mod follow;
 mod guard_pipeline;
@@ -20,6 +22,7 @@ pub mod toolset;
 
 pub use agent::AgentRuntime;
 pub use bus::EventBus;
+pub use course::Similarity;
 pub use error::CoreError;
 pub use guards::Guards;
 pub use runtime::{ClientToolOutput, Runtime, RuntimeOptions, StartRun};

@@ -29,6 +29,8 @@ pub(crate) enum Command {
     /// An approval of this run was decided; the run re-reads it from the store.
     ApprovalDecided,
     ToolOutputs(Vec<ClientToolOutput>),
+    /// Return the run's context to a checkpoint.
+    Restore(String),
 }
 
 /// Settings of the runtime as a whole.
@@ -43,6 +45,8 @@ pub struct RuntimeOptions {
     pub memory: Option<crate::session_reset::SharedSessionMemory>,
     /// Messages kept verbatim when the summary cannot be written by the model.
     pub summary_fallback_messages: usize,
+    /// Semantic similarity for drift scoring (an embedder); none = lexical.
+    pub similarity: Option<Arc<dyn crate::course::Similarity>>,
 }
 
 struct Handle {
@@ -418,6 +422,54 @@ impl Runtime {
     pub async fn follow_up(&self, tenant: &str, id: &str, text: String) -> Result<(), CoreError> {
         let run = self.live_run(tenant, id).await?;
         self.send(&run, Command::FollowUp(text)).await
+    }
+
+    /// Returns a live run's context to one of its checkpoints (SPEC §4.12).
+    /// A run waiting for input drops its question and resumes from the
+    /// checkpoint; a running one restores before its next step.
+    pub async fn restore(
+        &self,
+        tenant: &str,
+        id: &str,
+        checkpoint_id: &str,
+    ) -> Result<(), CoreError> {
+        let run = self.live_run(tenant, id).await?;
+        let state = crate::state::LoopState::from_value(&run.state);
+        if !state
+            .course
+            .checkpoints
+            .iter()
+            .any(|c| c.id == checkpoint_id)
+        {
+            let known: Vec<&str> = state
+                .course
+                .checkpoints
+                .iter()
+                .map(|c| c.id.as_str())
+                .collect();
+            return Err(CoreError::BadRequest(format!(
+                "checkpoint_id: run {id} has no checkpoint {checkpoint_id:?} (it has: {})",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        }
+        let waiting_other = match run.status {
+            RunStatus::WaitingApproval => Some("an approval"),
+            RunStatus::WaitingInput if !state.client_waiting.is_empty() => {
+                Some("client tool outputs")
+            }
+            _ => None,
+        };
+        if let Some(what) = waiting_other {
+            return Err(CoreError::Conflict(format!(
+                "run {id} is waiting for {what}; restore it after that is resolved"
+            )));
+        }
+        self.send(&run, Command::Restore(checkpoint_id.to_owned()))
+            .await
     }
 
     /// Cancels the run: its model stream and running tool are dropped at once.

@@ -37,6 +37,9 @@ pub struct LoopState {
     /// Seconds the run spent waiting for people; excluded from `max_wall_time`.
     #[serde(default)]
     pub waited_s: f64,
+    /// Goal, drift trace, checkpoints and the context view (SPEC §4.12–4.13).
+    #[serde(default)]
+    pub course: crate::course::Course,
 }
 
 impl LoopState {

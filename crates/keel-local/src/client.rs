@@ -73,6 +73,11 @@ impl ModelClient for LocalModel {
         Some(self.context_window)
     }
 
+    /// Small models' vocabularies split identifiers and JSON finely.
+    fn chars_per_token(&self) -> f64 {
+        3.0
+    }
+
     async fn complete(
         &self,
         request: &ModelRequest,

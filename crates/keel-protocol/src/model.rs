@@ -84,6 +84,19 @@ pub trait ModelClient: Send + Sync {
         None
     }
 
+    /// Characters per token this model's tokenizer averages on mixed
+    /// English, JSON and identifiers; kept on the low side so estimates
+    /// err towards compacting early rather than overflowing.
+    fn chars_per_token(&self) -> f64 {
+        3.5
+    }
+
+    /// Tokens the request is expected to take in the prompt: the text of
+    /// every message and tool schema, plus a few tokens of framing each.
+    fn estimate_tokens(&self, request: &ModelRequest) -> u64 {
+        estimate_tokens(request, self.chars_per_token())
+    }
+
     /// Runs one completion. Text deltas, when the provider streams them, are
     /// sent to `deltas` as they arrive.
     async fn complete(
@@ -91,4 +104,21 @@ pub trait ModelClient: Send + Sync {
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
     ) -> Result<ModelResponse, ModelError>;
+}
+
+/// A provider-neutral token estimate from the request's characters.
+pub fn estimate_tokens(request: &ModelRequest, chars_per_token: f64) -> u64 {
+    let message_chars: usize = request.messages.iter().map(Message::char_len).sum();
+    let tool_chars: usize = request
+        .tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+        .sum();
+    let framing = 4 * (request.messages.len() + request.tools.len()) as u64;
+    let per = if chars_per_token.is_finite() && chars_per_token >= 1.0 {
+        chars_per_token
+    } else {
+        1.0
+    };
+    ((message_chars + tool_chars) as f64 / per).ceil() as u64 + framing
 }

@@ -37,6 +37,8 @@ impl ToolServer {
             .route("/charge", post(charge))
             .route("/tenant_rows", get(tenant_rows))
             .route("/job/{id}", get(job))
+            .route("/lookup/{kind}", get(lookup))
+            .route("/log/{furnace}", get(furnace_log))
             .with_state(calls.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -131,4 +133,63 @@ async fn job(State(c): State<Calls>, Path(id): Path<String>) -> Json<Value> {
     } else {
         Json(json!({"id": id, "status": "running", "progress": n * 10}))
     }
+}
+
+/// Records from systems unrelated to the foundry (payroll, weather, CRM):
+/// what a run that wanders off its goal calls.
+async fn lookup(
+    State(c): State<Calls>,
+    Path(kind): Path<String>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Json<Value> {
+    c.record("lookup", json!({"kind": kind, "query": q}));
+    let record = match kind.as_str() {
+        "payroll" => {
+            json!({"employee": "E-1734", "net_pay_eur": 3120, "tax_class": 3, "month": "October"})
+        }
+        "weather" => {
+            json!({"city": "Lisbon", "forecast": "sunny", "wind_kmh": 12, "humidity_pct": 40})
+        }
+        "crm" => {
+            json!({"lead": "Acme Bakery Ltd", "stage": "negotiation", "owner": "sales-team-2"})
+        }
+        "travel" => json!({"trip": "Berlin", "hotel": "Mitte Inn", "nights": 3}),
+        other => json!({"kind": other, "note": "no such records"}),
+    };
+    Json(json!({"kind": kind, "record": record}))
+}
+
+#[derive(serde::Deserialize)]
+struct LogQuery {
+    #[serde(default)]
+    page: u32,
+    #[serde(default = "default_log_lines")]
+    lines: u32,
+}
+
+fn default_log_lines() -> u32 {
+    20
+}
+
+/// A furnace's operating log, one page per call: long, and different on
+/// every page, which is what fills a context window in a real run.
+async fn furnace_log(
+    State(c): State<Calls>,
+    Path(furnace): Path<String>,
+    Query(q): Query<LogQuery>,
+) -> Json<Value> {
+    c.record("log", json!({"furnace": furnace, "page": q.page}));
+    let entries: Vec<String> = (0..q.lines.min(500))
+        .map(|i| {
+            let n = q.page * 1000 + i;
+            format!(
+                "{furnace} entry {n}: batch B-{furnace}-{} poured at {} C, output {} kg, operator shift {}",
+                n / 7,
+                1400 + (n % 90),
+                900 + (n * 13) % 400,
+                n % 3 + 1
+            )
+        })
+        .collect();
+    Json(json!({"furnace_id": furnace, "page": q.page, "entries": entries}))
 }

@@ -261,9 +261,17 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         .await
         .context("loading tools")?;
     let tools = Arc::new(tools);
-    let memory = keel_memory::from_config(&config)
-        .await
-        .context("opening long-term memory")?;
+    let data_dir = PathBuf::from(&config.server.data_dir);
+    let (embedder, notice) = keel_memory::build_embedder(&config.memory, &data_dir).await;
+    let memory = keel_memory::open_with(
+        config.server.database_url.as_deref().unwrap_or_default(),
+        &data_dir,
+        embedder.clone(),
+        keel_memory::settings_of(&config.memory),
+        notice,
+    )
+    .await
+    .context("opening long-term memory")?;
     let status = memory.status();
     match (&status.embedder, &status.notice) {
         (_, Some(notice)) => tracing::warn!("memory: {notice}"),
@@ -285,6 +293,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
                 .join("sessions"),
         })),
         summary_fallback_messages: 20,
+        similarity: embedder.map(|embedder| {
+            Arc::new(crate::similarity::EmbedderSimilarity::new(embedder))
+                as Arc<dyn keel_core::Similarity>
+        }),
     };
     let runtime =
         Runtime::with_coordination(store, coord, toolset, agents, &default_agent, options)?;

@@ -12,6 +12,7 @@ mod migrate_cmd;
 mod model_cmd;
 mod run_cmd;
 mod serve;
+mod similarity;
 mod timeline;
 mod zero_config;
 

@@ -18,6 +18,7 @@ impl RunActor {
             tool_calls: Vec::new(),
         };
         if let Some(next) = self.state.follow_ups.pop_front() {
+            self.state.course.goals.push(next.clone());
             let events = vec![
                 EventKind::Final { answer: text },
                 EventKind::FollowUpStarted { text: next.clone() },
@@ -65,16 +66,12 @@ impl RunActor {
             };
             self.commit(vec![decision], Vec::new()).await?;
         }
-        let mut request = prompt::build(
-            &self.agent.config.system_prompt,
-            &self.history,
-            Vec::new(),
-            Some(note),
-        );
+        let mut request = self.request_from_view(Vec::new(), Some(note));
         prompt::fit(
             &mut request,
             usize::try_from(self.agent.config.limits.max_context_chars).unwrap_or(usize::MAX),
         );
+        self.fit_window(&mut request);
         let deadline =
             tokio::time::Instant::now() + std::time::Duration::from_secs(CLOSING_CALL_SECS);
         let (response, _) =

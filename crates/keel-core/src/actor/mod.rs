@@ -7,9 +7,12 @@
 
 mod approval;
 mod client;
+mod compact;
+mod course;
 mod finish;
 mod model_call;
 mod recover;
+mod route;
 mod step;
 
 use std::collections::VecDeque;
@@ -45,6 +48,12 @@ impl From<StoreError> for Exit {
     }
 }
 
+/// What ended a wait for the user.
+enum Waited {
+    Reply(String),
+    Restore(String),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Flow {
     Continue,
@@ -72,6 +81,8 @@ pub(crate) struct RunActor {
     /// Work held back until the next commit (see `hold`).
     held: (Vec<EventKind>, Vec<Message>),
     started: Instant,
+    /// A checkpoint restore asked for while the run was busy; applied before the next step.
+    pending_restore: Option<String>,
 }
 
 pub(crate) struct ActorInit {
@@ -114,6 +125,7 @@ impl RunActor {
             notes: Vec::new(),
             held: (Vec::new(), Vec::new()),
             started,
+            pending_restore: None,
         }
     }
 
@@ -153,6 +165,7 @@ impl RunActor {
                     agent: self.agent.config.id.clone(),
                 };
                 let input = Message::user(self.input.clone());
+                self.state.course.goals = vec![self.input.clone()];
                 self.commit_status(vec![started], vec![input], RunStatus::Running, None)
                     .await?;
             }
@@ -163,6 +176,13 @@ impl RunActor {
             self.finish_answer(answer, "answered").await?;
             return Ok(());
         }
+        if self.agent.config.routing == keel_config::Routing::PreRoute
+            && !self.state.course.routed
+            && self.steps == 0
+            && let Some(Flow::Done) = self.pre_route().await?
+        {
+            return Ok(());
+        }
         loop {
             let flow = if !self.state.client_waiting.is_empty() {
                 let outputs = self.wait_for_tool_outputs().await?;
@@ -171,8 +191,10 @@ impl RunActor {
                 let record = self.wait_for_approval(&a).await?;
                 self.resolve_approval(a, record).await?
             } else if self.state.waiting.is_some() {
-                let reply = self.wait_for_input().await?;
-                self.resolve_input(reply).await?
+                match self.wait_for_input().await? {
+                    Waited::Reply(reply) => self.resolve_input(reply).await?,
+                    Waited::Restore(id) => self.restore_while_waiting(&id).await?,
+                }
             } else {
                 self.step().await?
             };
@@ -193,19 +215,21 @@ impl RunActor {
         match cmd {
             Command::Steer(t) => self.steers.push_back(t),
             Command::FollowUp(t) => self.state.follow_ups.push_back(t),
+            Command::Restore(id) => self.pending_restore = Some(id),
             // Input is only forwarded while waiting; an early one is dropped by the runtime.
             Command::Input(_) | Command::ApprovalDecided | Command::ToolOutputs(_) => {}
         }
     }
 
-    async fn wait_for_input(&mut self) -> Result<String, Exit> {
+    async fn wait_for_input(&mut self) -> Result<Waited, Exit> {
         let since = Instant::now();
         let reply = loop {
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => return Err(Exit::Cancelled),
                 cmd = self.commands.recv() => match cmd {
-                    Some(Command::Input(text)) => break text,
+                    Some(Command::Input(text)) => break Waited::Reply(text),
+                    Some(Command::Restore(id)) => break Waited::Restore(id),
                     Some(other) => self.accept(other),
                     None => return Err(Exit::Detached),
                 },
@@ -215,6 +239,26 @@ impl RunActor {
         self.state.waited_s += waited.as_secs_f64();
         self.started += waited;
         Ok(reply)
+    }
+
+    /// Abandons the pending question and returns the run to a checkpoint.
+    async fn restore_while_waiting(&mut self, id: &str) -> Result<Flow, Exit> {
+        if let Some(w) = self.state.waiting.take() {
+            let call = ToolCall {
+                id: w.call_id,
+                name: match w.kind {
+                    crate::state::WaitKind::Clarify => crate::clarify::CLARIFY_TOOL.into(),
+                    crate::state::WaitKind::MissingArguments => w.tool,
+                },
+                arguments: String::new(),
+            };
+            let result =
+                synthetic_result(&call, "not executed: the run was restored to a checkpoint");
+            self.commit_status(Vec::new(), vec![result], RunStatus::Running, None)
+                .await?;
+        }
+        self.restore(id, "a restore request").await?;
+        Ok(Flow::Continue)
     }
 
     /// Commits events and messages with the loop's current counters and state.

@@ -19,6 +19,26 @@ impl RunActor {
         request: ModelRequest,
         deadline: Option<Instant>,
     ) -> Result<(ModelResponse, Duration), Exit> {
+        self.call_model_with(request, deadline, true).await
+    }
+
+    /// A call of keel's own (reflection, compaction, routing): it counts
+    /// toward the run's budgets, but its text is not the answer, so nothing
+    /// of it is streamed as `message_delta`.
+    pub(super) async fn call_model_quiet(
+        &mut self,
+        request: ModelRequest,
+    ) -> Result<(ModelResponse, Duration), Exit> {
+        let deadline = self.deadline();
+        self.call_model_with(request, Some(deadline), false).await
+    }
+
+    async fn call_model_with(
+        &mut self,
+        request: ModelRequest,
+        deadline: Option<Instant>,
+        stream: bool,
+    ) -> Result<(ModelResponse, Duration), Exit> {
         if !self.held.0.is_empty() || !self.held.1.is_empty() {
             self.commit(Vec::new(), Vec::new()).await?;
         }
@@ -28,7 +48,7 @@ impl RunActor {
         );
         let (tx, mut rx) = futures::channel::mpsc::unbounded::<String>();
         let model = self.agent.model.clone();
-        let call = async move { model.complete(&request, Some(tx)).await };
+        let call = async move { model.complete(&request, stream.then_some(tx)).await };
         tokio::pin!(call);
         let sleep = tokio::time::sleep_until(
             deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365)),

@@ -44,6 +44,9 @@ impl RunActor {
         if let Some(text) = self.steers.pop_front() {
             self.apply_steering(text, Vec::new()).await?;
         }
+        if let Some(id) = self.pending_restore.take() {
+            self.restore(&id, "a restore request").await?;
+        }
         let limits = &self.agent.config.limits;
         if self.steps >= limits.max_steps {
             return Err(Exit::Budget("max_steps"));
@@ -63,7 +66,7 @@ impl RunActor {
         );
         tools.extend(self.state.client_tools.iter().cloned());
         tools.push(clarify::clarify_schema());
-        let request = prompt::build(&self.agent.config.system_prompt, &self.history, tools, None);
+        let request = self.prepare_request(tools).await?;
         let max_chars = self.agent.config.limits.max_context_chars;
         if max_chars > 0 && prompt::char_len(&request) as u64 > max_chars {
             return Err(Exit::Budget("max_context_chars"));
@@ -143,11 +146,12 @@ impl RunActor {
             }
         }
         self.flush_notes().await?;
+        record_overhead(step_started, model_time + tool_time);
         if !self.state.client_waiting.is_empty() {
             self.enter_client_wait().await?;
+            return Ok(Flow::Continue);
         }
-        record_overhead(step_started, model_time + tool_time);
-        Ok(Flow::Continue)
+        self.after_step().await
     }
 
     /// Puts one call through the guard pipeline and acts on its decision.
@@ -248,6 +252,31 @@ impl RunActor {
             return self.ask_for_arguments(call, missing, args, None).await;
         }
         let fingerprint = call_fingerprint(&call.name, &args);
+        if !spec.idempotent
+            && let Some(done) = self.forbidden_repeat(&fingerprint)
+        {
+            let reason = format!(
+                "`{}` with these arguments already ran at step {} before the run was restored to a checkpoint; \
+                 it has side effects and is not run twice",
+                call.name, done.step
+            );
+            let events = vec![EventKind::PolicyDecision {
+                step: self.steps,
+                decision: Decision::Deny,
+                reason: reason.clone(),
+                rule: "checkpoint_restore".into(),
+                call_id: Some(call.id.clone()),
+            }];
+            let result = synthetic_result(
+                call,
+                format!(
+                    "Not run again: {reason}. Its result then was: {}",
+                    done.result
+                ),
+            );
+            self.commit(events, vec![result]).await?;
+            return Ok(CallFlow::Next);
+        }
         let settings = self.loop_settings();
         if let Some(hit) = self
             .state
@@ -293,6 +322,27 @@ impl RunActor {
                     call_id: Some(call.id.clone()),
                 };
                 self.execute(call, args, vec![decision]).await?;
+                if self.spiralling_after_compaction() {
+                    let detail = format!(
+                        "`{}` returned the same result three times right after the context was compacted",
+                        call.name
+                    );
+                    let feedback = EventKind::ReactFeedback {
+                        step: self.steps,
+                        code: "loop_blocked".into(),
+                        detail: detail.clone(),
+                    };
+                    self.commit(vec![feedback], Vec::new()).await?;
+                    metrics::counter!("keel_loop_blocks_total", "detector" => "post_compaction")
+                        .increment(1);
+                    let note = format!(
+                        "The run is stopped: {detail}. Do not call tools. Answer the user from what is known and \
+                         say plainly what did not work."
+                    );
+                    self.finish_without_tools(None, &note, "loop_blocked")
+                        .await?;
+                    return Ok(CallFlow::Done);
+                }
                 Ok(CallFlow::Next)
             }
             PolicyDecision::Deny => {
@@ -340,6 +390,12 @@ impl RunActor {
             tool: hit.tool.clone(),
             count: hit.count,
         };
+        self.state.course.loop_signals += 1;
+        self.state.course.learn_failure(format!(
+            "`{}` kept repeating without progress ({})",
+            hit.tool,
+            hit.detector.as_str()
+        ));
         if hit.level == Level::Warning {
             let feedback = EventKind::ReactFeedback {
                 step: self.steps,
@@ -396,6 +452,9 @@ impl RunActor {
                 detail: reason.clone(),
             },
         ];
+        self.state
+            .course
+            .learn_constraint(format!("`{}` was refused: {reason}", call.name));
         let result = synthetic_result(call, format!("Error: denied by policy: {reason}"));
         self.commit(events, vec![result]).await
     }
@@ -417,6 +476,9 @@ impl RunActor {
             code: code.into(),
             detail: detail.clone(),
         };
+        self.state
+            .course
+            .learn_constraint(format!("`{}` call rejected ({code}): {detail}", call.name));
         let result = synthetic_result(
             call,
             format!("Error ({code}): {detail}. Fix the call and try again."),
@@ -686,6 +748,7 @@ impl RunActor {
         let spec = reg.spec.clone();
         let timeout = spec.timeout;
         let fingerprint = call_fingerprint(&call.name, &args);
+        let args_text = args.to_string();
         self.usage.tool_calls += 1;
         events.push(EventKind::ToolCall {
             step: self.steps,
@@ -748,6 +811,7 @@ impl RunActor {
                 output_schema,
             })
         };
+        self.observe_course(call, &args_text, &spec, ok, &raw, &report);
         let max_chars = self.agent.config.limits.max_tool_output_chars;
         let output = if report.withhold {
             WITHHELD.to_owned()

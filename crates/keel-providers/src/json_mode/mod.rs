@@ -62,6 +62,10 @@ impl ModelClient for JsonToolMode {
         self.inner.context_window()
     }
 
+    fn chars_per_token(&self) -> f64 {
+        self.inner.chars_per_token()
+    }
+
     async fn complete(
         &self,
         request: &ModelRequest,

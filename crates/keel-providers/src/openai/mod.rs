@@ -171,6 +171,11 @@ impl ModelClient for OpenAiClient {
         self.settings.context_window
     }
 
+    /// OpenAI's documented rule of thumb for its BPE tokenizers.
+    fn chars_per_token(&self) -> f64 {
+        4.0
+    }
+
     async fn complete(
         &self,
         request: &ModelRequest,

@@ -19,6 +19,7 @@ pub fn router() -> Router<AppState> {
         .route("/ai/runs/{id}/input", post(runs::input))
         .route("/ai/runs/{id}/steer", post(runs::steer))
         .route("/ai/runs/{id}/follow_up", post(runs::follow_up))
+        .route("/ai/runs/{id}/restore", post(runs::restore))
         .route("/ai/runs/{id}/cancel", post(runs::cancel))
         .route("/ai/approvals", get(approvals::list))
         .route(

@@ -253,6 +253,29 @@ pub async fn follow_up(
     send_text(s, p, id, body, TextCommand::FollowUp).await
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreBody {
+    checkpoint_id: String,
+}
+
+/// `POST /ai/runs/{id}/restore {checkpoint_id}`.
+pub async fn restore(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<RestoreBody>,
+) -> Result<impl IntoResponse, ApiError> {
+    if body.checkpoint_id.trim().is_empty() {
+        return Err(ApiError::bad_request("checkpoint_id: must not be empty"));
+    }
+    s.runtime
+        .restore(&p.tenant, &id, &body.checkpoint_id)
+        .await
+        .map_err(|e| from_core(e, "run"))?;
+    Ok(accepted())
+}
+
 pub async fn cancel(
     State(s): State<AppState>,
     Caller(p): Caller,

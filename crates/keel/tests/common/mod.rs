@@ -30,6 +30,9 @@ pub struct Env {
     pub log: String,
     /// Extra TOML inside `[server]` (e.g. `database_url`, `lease_s`).
     pub server_extra: String,
+    /// The agent's `[agents.drift]` table. Off by default so that scripted
+    /// model replies are not consumed by reflection calls a test is not about.
+    pub drift: String,
 }
 
 impl Env {
@@ -43,6 +46,7 @@ impl Env {
             auth: false,
             log: "warn".into(),
             server_extra: String::new(),
+            drift: "[agents.drift]\nenabled = false\n".into(),
         }
     }
 }
@@ -97,6 +101,7 @@ provider = "main"
 system_prompt = "You are the plant operations assistant."
 tools = ["furnace_status", "slow_op", "restart_furnace", "shutdown_line", "tenant_rows", "job_status"]
 {agent_extra}
+{drift}
 
 [[tools.http]]
 name = "furnace_status"
@@ -154,6 +159,7 @@ poll = true
         tools = env.tools_url,
         stream = env.stream,
         agent_extra = env.agent_extra,
+        drift = env.drift,
         extra_tools = env.extra_tools,
         auth = auth,
         server_extra = env.server_extra,
