@@ -688,6 +688,63 @@ async fn a_restored_run_completes_without_rerunning_a_side_effect() {
     );
 }
 
+#[tokio::test]
+async fn deep_drift_restores_the_last_good_checkpoint_without_repeating_side_effects() {
+    let model = FakeOpenAi::start(Script::handler(|req| {
+        let text = all_text(req);
+        if is_reflection(req) {
+            return Reply::text(
+                r#"{"on_track": false, "note": "wandered", "next": "answer about F2"}"#,
+            );
+        }
+        if text.contains("Not run again") {
+            return Reply::text("F2 is running at 1450 C.");
+        }
+        if text.contains("Restored by keel to checkpoint") {
+            return Reply::tool_call("charge_account", json!({"key": "K-9"}));
+        }
+        match tool_results(req) {
+            0 => Reply::tool_call("furnace_status", json!({"furnace_id": "F2"})),
+            1 => Reply::tool_call("charge_account", json!({"key": "K-9"})),
+            2 => Reply::tool_call("payroll_lookup", json!({"employee": "E-1734"})),
+            3 => Reply::tool_call("weather_forecast", json!({"city": "Lisbon"})),
+            _ => Reply::tool_call("crm_leads", json!({"owner": "sales-team-2"})),
+        }
+    }))
+    .await;
+    let tools = ToolServer::start().await;
+    let drift = "[agents.drift]\nreflection_interval = 0\ncheckpoint_interval = 1\nrestore_on_deep_drift = true\nthreshold = 0.35\ndeep_drift_threshold = 0.3\n";
+    let keel = start(&env_for(&model, &tools, drift, LONG_LIMITS), "").await;
+    let (_, frames) = run_to_end(&keel, "What is the status of furnace F2?").await;
+    let last = frames.last().unwrap();
+    assert_eq!(last.event, "run_completed", "{:?}", last.data);
+    let drift = of_type(&frames, "drift_detected");
+    assert!(!drift.is_empty());
+    let restored = of_type(&frames, "react_feedback")
+        .into_iter()
+        .find(|f| f.data["code"] == "checkpoint_restored")
+        .expect("deep drift restores a checkpoint");
+    assert!(
+        restored.data["detail"]
+            .as_str()
+            .unwrap()
+            .contains("deep drift")
+    );
+    // Restored to the checkpoint taken on track before the judged window.
+    let detail = restored.data["detail"].as_str().unwrap();
+    assert!(detail.contains("(step 1)"), "{detail}");
+    assert_eq!(
+        tools.count("charge"),
+        1,
+        "the charge is not repeated after the restore"
+    );
+    assert!(
+        of_type(&frames, "policy_decision")
+            .iter()
+            .any(|f| f.data["rule"] == "checkpoint_restore")
+    );
+}
+
 /// One scripted model for both modes: it routes by whether the message is
 /// about the plant, and answers plant questions after one status call.
 fn suite_model() -> Script {

@@ -73,11 +73,12 @@ impl RunActor {
         if !cfg.enabled {
             return Ok(Flow::Continue);
         }
+        let loops = std::mem::take(&mut self.state.course.loop_signals);
+        // Scored first, so the checkpoint records whether the run was on track.
+        let report = self.assess_drift().await;
         if cfg.checkpoint_interval > 0 && self.steps.is_multiple_of(cfg.checkpoint_interval) {
             self.take_checkpoint().await?;
         }
-        let loops = std::mem::take(&mut self.state.course.loop_signals);
-        let report = self.assess_drift().await;
         let drifted = report.as_ref().is_some_and(|r| r.drifted);
         if let Some(r) = report.as_ref().filter(|r| r.drifted) {
             let event = EventKind::DriftDetected {
@@ -142,6 +143,7 @@ impl RunActor {
             }
             _ => None,
         };
+        let baseline_calls = self.baseline_calls().await;
         let criterion = self.agent.config.success_criterion.clone();
         let report = assess(
             &DriftInput {
@@ -149,12 +151,57 @@ impl RunActor {
                 criterion: criterion.as_deref(),
                 steps: &steps,
                 semantic,
-                baseline_calls: None,
+                baseline_calls,
             },
             &settings,
         );
         self.state.course.last_score = Some(report.score);
         Some(report)
+    }
+
+    /// What similar runs use: the mean tool calls of this agent's recent
+    /// completed runs in this tenant, once at least a few exist. Looked up
+    /// once per actor; a configured expectation takes precedence anyway.
+    async fn baseline_calls(&mut self) -> Option<f32> {
+        const RECENT: u32 = 50;
+        const ENOUGH: usize = 5;
+        if self.agent.config.drift.expected_tool_calls > 0 {
+            return None;
+        }
+        if let Some(known) = self.baseline_calls {
+            return known;
+        }
+        let filter = keel_protocol::RunFilter {
+            status: Some(keel_protocol::RunStatus::Completed),
+            limit: RECENT,
+            ..keel_protocol::RunFilter::default()
+        };
+        let baseline = match self
+            .shared
+            .store
+            .list_runs(&self.principal.tenant, &filter)
+            .await
+        {
+            Ok(page) => {
+                let calls: Vec<f32> = page
+                    .runs
+                    .iter()
+                    .filter(|r| r.agent == self.agent.config.id && r.id != self.run_id)
+                    .map(|r| r.usage.tool_calls as f32)
+                    .collect();
+                // Never below the detector's default: runs that usually need one
+                // call do not make a three-call run drift.
+                let floor = DriftSettings::default().default_expected_calls as f32;
+                (calls.len() >= ENOUGH)
+                    .then(|| (calls.iter().sum::<f32>() / calls.len() as f32).max(floor))
+            }
+            Err(e) => {
+                tracing::warn!(run = %self.run_id, error = %e, "drift: past runs unavailable; no baseline");
+                None
+            }
+        };
+        self.baseline_calls = Some(baseline);
+        baseline
     }
 
     /// One extra model call (no tools) that judges the course; off track, a
@@ -265,13 +312,17 @@ impl RunActor {
         Ok(id)
     }
 
+    /// The newest checkpoint taken on track *before* the window the drift
+    /// score judged: a checkpoint inside it may already hold the wandering.
     fn last_good_checkpoint(&self) -> Option<String> {
+        let window = self.agent.config.drift.window.max(1);
+        let before = self.steps.saturating_sub(window);
         self.state
             .course
             .checkpoints
             .iter()
             .rev()
-            .find(|c| c.on_track)
+            .find(|c| c.on_track && c.step <= before)
             .map(|c| c.id.clone())
     }
 

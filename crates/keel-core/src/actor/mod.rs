@@ -83,6 +83,8 @@ pub(crate) struct RunActor {
     started: Instant,
     /// A checkpoint restore asked for while the run was busy; applied before the next step.
     pending_restore: Option<String>,
+    /// Tool calls per run of this agent's recent completed runs, once looked up.
+    baseline_calls: Option<Option<f32>>,
 }
 
 pub(crate) struct ActorInit {
@@ -126,6 +128,7 @@ impl RunActor {
             held: (Vec::new(), Vec::new()),
             started,
             pending_restore: None,
+            baseline_calls: None,
         }
     }
 
