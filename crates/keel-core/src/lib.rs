@@ -19,6 +19,7 @@ pub mod session_reset;
 mod state;
 mod telemetry;
 pub mod toolset;
+mod transcript;
 
 pub use agent::AgentRuntime;
 pub use bus::EventBus;

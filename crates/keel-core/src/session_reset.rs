@@ -2,6 +2,7 @@
 //! goes to long-term memory, so the next run starts fresh but can still
 //! find what was said through `memory_search`.
 
+use crate::transcript::{keep_tail, render};
 use std::sync::Arc;
 
 use keel_protocol::{Message, ModelRequest, Principal, StoreError};
@@ -70,14 +71,14 @@ impl Runtime {
                 StoreError::Conflict(m) => CoreError::Conflict(m),
                 other => CoreError::Store(other),
             })?;
-        let transcript = transcript(messages.iter().map(|(_, m)| m));
+        let transcript = render(messages.iter().map(|(_, m)| m), usize::MAX);
         let (summarized_by, summary) = if transcript.is_empty() {
             ("fallback", "(the session had no messages)".to_owned())
         } else {
             let request = ModelRequest {
                 messages: vec![
                     Message::system(SUMMARY_PROMPT),
-                    Message::user(tail(&transcript, MAX_TRANSCRIPT_CHARS)),
+                    Message::user(keep_tail(&transcript, MAX_TRANSCRIPT_CHARS)),
                 ],
                 tools: Vec::new(),
                 max_output_tokens: Some(1024),
@@ -132,54 +133,12 @@ impl Runtime {
     }
 }
 
-fn transcript<'a>(messages: impl Iterator<Item = &'a Message>) -> String {
-    let mut out = String::new();
-    for m in messages {
-        let line = match m {
-            Message::User { content } => format!("User: {content}"),
-            Message::Assistant {
-                content,
-                tool_calls,
-            } => {
-                let calls: Vec<String> = tool_calls
-                    .iter()
-                    .map(|c| format!("{}({})", c.name, c.arguments))
-                    .collect();
-                match (content.is_empty(), calls.is_empty()) {
-                    (false, true) => format!("Assistant: {content}"),
-                    (true, false) => format!("Assistant called: {}", calls.join(", ")),
-                    (false, false) => {
-                        format!("Assistant: {content} [called: {}]", calls.join(", "))
-                    }
-                    (true, true) => continue,
-                }
-            }
-            Message::Tool { name, content, .. } => format!("Result of {name}: {content}"),
-            Message::System { .. } => continue,
-        };
-        out.push_str(&line);
-        out.push('\n');
-    }
-    out
-}
-
 fn verbatim(messages: &[(String, Message)], n: usize) -> String {
     let start = messages.len().saturating_sub(n.max(1));
     format!(
         "## Last messages (verbatim)\n\n{}",
-        transcript(messages[start..].iter().map(|(_, m)| m))
+        render(messages[start..].iter().map(|(_, m)| m), usize::MAX)
     )
-}
-
-fn tail(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut start = s.len() - max;
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("[earlier part omitted]\n{}", &s[start..])
 }
 
 /// Shared handle type for the runtime options.

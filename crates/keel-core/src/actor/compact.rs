@@ -12,6 +12,7 @@ use keel_protocol::{EventKind, Message, ModelRequest, ToolSchema};
 use super::{Exit, RunActor};
 use crate::context::{compaction_cut, minimal_tail};
 use crate::prompt;
+use crate::transcript::{keep_tail, render};
 
 const SUMMARY_PROMPT: &str = "You are keel's compaction step. Summarize the earlier part of an agent's \
 run so the agent can continue without it. Keep: the user's goal and every request, facts and numbers \
@@ -182,55 +183,17 @@ impl RunActor {
 /// whole fits `max_chars`.
 fn transcript(messages: &[Message], max_chars: usize) -> String {
     let total: usize = messages.iter().map(Message::char_len).sum();
-    let tools = messages
+    let results = messages
         .iter()
         .filter(|m| matches!(m, Message::Tool { .. }))
         .count()
         .max(1);
-    let overflow = total.saturating_sub(max_chars);
-    let per_result = if overflow == 0 {
+    let per_result = if total <= max_chars {
         usize::MAX
     } else {
-        (max_chars / 2 / tools).max(80)
+        (max_chars / 2 / results).max(80)
     };
-    let mut out = String::new();
-    for m in messages {
-        let line = match m {
-            Message::System { content } => format!("[note] {content}"),
-            Message::User { content } => format!("[user] {content}"),
-            Message::Assistant {
-                content,
-                tool_calls,
-            } => {
-                let calls: Vec<String> = tool_calls
-                    .iter()
-                    .map(|c| format!("{}({})", c.name, c.arguments))
-                    .collect();
-                if calls.is_empty() {
-                    format!("[assistant] {content}")
-                } else {
-                    format!("[assistant] {content} calls: {}", calls.join(", "))
-                }
-            }
-            Message::Tool { name, content, .. } => {
-                format!(
-                    "[result of {name}] {}",
-                    crate::course::snippet(content, per_result)
-                )
-            }
-        };
-        out.push_str(&line);
-        out.push('\n');
-    }
-    if out.len() > max_chars {
-        // Keep the newest part of an oversized transcript.
-        let mut start = out.len() - max_chars;
-        while !out.is_char_boundary(start) {
-            start += 1;
-        }
-        out = format!("[earliest part omitted]\n{}", &out[start..]);
-    }
-    out
+    keep_tail(&render(messages.iter(), per_result), max_chars)
 }
 
 /// What can be said without a model: the requests, the calls and result sizes.
