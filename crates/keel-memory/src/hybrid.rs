@@ -10,8 +10,9 @@ use chrono::Utc;
 
 use crate::chunk::chunk;
 use crate::embed::Embedder;
-use crate::index::{DocRow, FoundChunk, Index, NewChunk, VectorSet};
-use crate::rank::{decay, fuse, mmr, scale_to_best, sort_desc, word_overlap};
+use crate::index::{DocRow, FoundChunk, Index, NewChunk, Written};
+use crate::rank::{decay, dot, fuse, mmr, scale_to_best, sort_desc, word_overlap};
+use crate::vectors::VectorSet;
 use crate::{Memory, MemoryDocument, MemoryError, MemoryHit, MemoryStatus, Settings};
 
 /// Longest snippet returned per hit, in characters.
@@ -31,117 +32,16 @@ const COMMON_TERM_SHARE: f64 = 0.05;
 /// Below this many matches a term is always kept: scoring them is cheap.
 const COMMON_TERM_FLOOR: usize = 2_000;
 
+/// How many approximate (int8) vector candidates are re-scored exactly
+/// per vector candidate kept: the quantized ranking can swap near-ties, so
+/// a margin of more candidates than needed are re-scored with the stored
+/// full-precision vectors.
+const RESCORE_FACTOR: usize = 4;
+
 /// Vectors of one (tenant, agent), as of a scope version.
 struct Cached {
     version: i64,
-    vectors: Arc<Packed>,
-}
-
-/// A scope's vectors held for brute-force search, as bfloat16: half the
-/// memory of f32, and since a scan over 100k vectors is bound by memory
-/// bandwidth, nearly half the time. bf16 keeps 3 significant digits, far
-/// more than ranking by cosine needs.
-pub(crate) struct Packed {
-    rowids: Vec<i64>,
-    data: Vec<u16>,
-    dim: usize,
-}
-
-/// Rows scanned per thread, at least: below this, threads cost more than
-/// they save.
-const ROWS_PER_THREAD: usize = 20_000;
-
-impl Packed {
-    pub(crate) fn new(set: VectorSet) -> Self {
-        Self {
-            data: set.data.iter().map(|x| to_bf16(*x)).collect(),
-            rowids: set.rowids,
-            dim: set.dim,
-        }
-    }
-
-    fn row(&self, i: usize) -> &[u16] {
-        &self.data[i * self.dim..(i + 1) * self.dim]
-    }
-
-    /// The `limit` rows most similar to the unit vector `q`, best first,
-    /// scanned on several threads when there are many.
-    pub(crate) fn top(&self, q: &[f32], limit: usize) -> Vec<(i64, f32)> {
-        if self.dim == 0 || q.len() != self.dim || limit == 0 {
-            return Vec::new();
-        }
-        let rows = self.rowids.len();
-        let threads = std::thread::available_parallelism()
-            .map_or(1, usize::from)
-            .min(rows / ROWS_PER_THREAD)
-            .max(1);
-        let per = rows.div_ceil(threads);
-        let scan = |start: usize| -> Vec<(i64, f32)> {
-            let end = (start + per).min(rows);
-            let scored = (start..end).map(|i| (self.rowids[i], dot_bf16(self.row(i), q)));
-            best(scored.collect(), limit)
-        };
-        let mut all: Vec<(i64, f32)> = if threads == 1 {
-            scan(0)
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = (0..threads)
-                    .map(|t| s.spawn(move || scan(t * per)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_default())
-                    .collect()
-            })
-        };
-        all = best(all, limit);
-        sort_desc(&mut all);
-        all
-    }
-
-    /// Cosine of two stored rows, by rowid position.
-    fn similarity(&self, i: usize, j: usize) -> f32 {
-        let b: Vec<f32> = self.row(j).iter().map(|x| from_bf16(*x)).collect();
-        dot_bf16(self.row(i), &b)
-    }
-}
-
-/// The `limit` best of `scored`, in no particular order.
-fn best(mut scored: Vec<(i64, f32)>, limit: usize) -> Vec<(i64, f32)> {
-    if scored.len() > limit {
-        scored.select_nth_unstable_by(limit - 1, |a, b| b.1.total_cmp(&a.1));
-        scored.truncate(limit);
-    }
-    scored
-}
-
-/// f32 → bfloat16, rounding to nearest even.
-fn to_bf16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1));
-    (rounded >> 16) as u16
-}
-
-fn from_bf16(x: u16) -> f32 {
-    f32::from_bits(u32::from(x) << 16)
-}
-
-fn dot_bf16(a: &[u16], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorize the loop.
-    let mut acc = [0.0_f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| from_bf16(*x) * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += from_bf16(x[i]) * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
+    vectors: Arc<VectorSet>,
 }
 
 pub(crate) struct HybridMemory {
@@ -226,7 +126,13 @@ impl HybridMemory {
             );
         }
         let count = chunks.len();
-        let rows = chunks
+        // Kept for the vector cache, which follows the write (see `follow`).
+        let vectors = if self.embedder.is_some() {
+            embeddings.clone()
+        } else {
+            Vec::new()
+        };
+        let rows: Vec<NewChunk> = chunks
             .into_iter()
             .zip(embeddings)
             .map(|(chunk, embedding)| NewChunk {
@@ -236,16 +142,64 @@ impl HybridMemory {
             })
             .collect();
         let (tenant, agent) = (doc.tenant.clone(), doc.agent.clone());
-        let id = self.index.put(doc, rows).await?;
-        self.forget(&tenant, &agent);
-        Ok((id, count))
+        let written = self.index.put(doc, rows).await?;
+        if self.embedder.is_some() {
+            self.follow(&tenant, &agent, &written, vectors).await;
+        }
+        Ok((written.id, count))
     }
 
-    fn forget(&self, tenant: &str, agent: &str) {
-        self.cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(tenant.to_owned(), agent.to_owned()));
+    /// Brings the scope's cached vectors forward by one write, so that the
+    /// next search neither misses the new chunks nor reloads every vector
+    /// (seconds at 100k chunks). Only a cache exactly one version behind is
+    /// updated: any other writer in between (another process, another
+    /// node) also bumped the version, and the next search reloads.
+    async fn follow(
+        &self,
+        tenant: &str,
+        agent: &str,
+        written: &Written,
+        vectors: Vec<Option<Vec<f32>>>,
+    ) {
+        let key = (tenant.to_owned(), agent.to_owned());
+        let behind = {
+            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            match cache.get(&key) {
+                Some(c) if c.version == written.version - 1 => cache.remove(&key),
+                _ => None,
+            }
+        };
+        let Some(behind) = behind else { return };
+        let removed = written.removed.clone();
+        let added: Vec<(i64, Vec<f32>)> = written
+            .added
+            .iter()
+            .zip(vectors)
+            .filter_map(|(id, v)| Some((*id, v?)))
+            .collect();
+        let updated = tokio::task::spawn_blocking(move || {
+            // A search still scanning the old set keeps it; then this copies.
+            let mut set = Arc::try_unwrap(behind.vectors).unwrap_or_else(|s| (*s).clone());
+            set.apply(&removed, &added);
+            set
+        })
+        .await;
+        match updated {
+            Ok(set) => {
+                let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+                // A search may have loaded the scope meanwhile: keep the newest.
+                if cache.get(&key).is_none_or(|c| c.version < written.version) {
+                    cache.insert(
+                        key,
+                        Cached {
+                            version: written.version,
+                            vectors: Arc::new(set),
+                        },
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "updating the vector cache failed; it reloads"),
+        }
     }
 
     /// The scope's vectors, reloaded when another writer (another process,
@@ -255,7 +209,7 @@ impl HybridMemory {
         tenant: &str,
         agent: &str,
         model: &str,
-    ) -> Result<Arc<Packed>, MemoryError> {
+    ) -> Result<Arc<VectorSet>, MemoryError> {
         let version = self.index.version(tenant, agent).await?;
         let key = (tenant.to_owned(), agent.to_owned());
         if let Some(c) = self
@@ -267,22 +221,25 @@ impl HybridMemory {
         {
             return Ok(Arc::clone(&c.vectors));
         }
-        let set = self.index.vectors(tenant, agent, model).await?;
-        let vectors = Arc::new(
-            tokio::task::spawn_blocking(move || Packed::new(set))
-                .await
-                .map_err(|e| MemoryError::Backend(format!("packing vectors: {e}")))?,
+        let (version, set) = self.index.vectors(tenant, agent, model).await?;
+        tracing::debug!(
+            tenant,
+            agent,
+            vectors = set.len(),
+            bytes = set.len() * set.bytes_per_vector(),
+            "memory vectors loaded"
         );
-        self.cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
+        let vectors = Arc::new(set);
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.get(&key).is_none_or(|c| c.version < version) {
+            cache.insert(
                 key,
                 Cached {
                     version,
                     vectors: Arc::clone(&vectors),
                 },
             );
+        }
         Ok(vectors)
     }
 
@@ -317,7 +274,9 @@ impl HybridMemory {
         Ok(kept)
     }
 
-    /// Vector candidates: `(rowid, cosine)`, best first.
+    /// Vector candidates: `(rowid, cosine)`, best first. The int8 scan
+    /// picks `RESCORE_FACTOR × limit` candidates; their stored f32 vectors
+    /// give the exact scores the best `limit` are kept by.
     async fn vector_candidates(
         &self,
         embedder: &Arc<dyn Embedder>,
@@ -325,7 +284,7 @@ impl HybridMemory {
         agent: &str,
         query: &str,
         limit: usize,
-    ) -> Result<(Vec<(i64, f32)>, Arc<Packed>), MemoryError> {
+    ) -> Result<Vec<(i64, f32)>, MemoryError> {
         let q = embedder
             .embed(&[query.to_owned()])
             .await?
@@ -333,12 +292,28 @@ impl HybridMemory {
             .next()
             .unwrap_or_default();
         let set = self.vectors(tenant, agent, embedder.name()).await?;
-        let scan = Arc::clone(&set);
         // Milliseconds of CPU: kept off the async workers.
-        let hits = tokio::task::spawn_blocking(move || scan.top(&q, limit))
-            .await
-            .map_err(|e| MemoryError::Backend(format!("vector scan failed: {e}")))?;
-        Ok((hits, set))
+        let (q, approx) = tokio::task::spawn_blocking(move || {
+            let approx = set.top(&q, limit * RESCORE_FACTOR);
+            (q, approx)
+        })
+        .await
+        .map_err(|e| MemoryError::Backend(format!("vector scan failed: {e}")))?;
+        if approx.is_empty() {
+            return Ok(approx);
+        }
+        let ids: Vec<i64> = approx.iter().map(|a| a.0).collect();
+        let mut exact: Vec<(i64, f32)> = self
+            .index
+            .embeddings(tenant, agent, embedder.name(), &ids)
+            .await?
+            .into_iter()
+            .filter(|(_, v)| v.len() == q.len())
+            .map(|(id, v)| (id, dot(&v, &q)))
+            .collect();
+        sort_desc(&mut exact);
+        exact.truncate(limit);
+        Ok(exact)
     }
 }
 
@@ -440,17 +415,20 @@ impl Memory for HybridMemory {
         let (text, vector) = tokio::join!(text_side, vector_side);
         let mut text = text?;
         scale_to_best(&mut text);
-        let mut vectors = None;
+        // The model whose vectors ranked this search, if any did.
+        let mut model = None;
         let mut vector_hits = Vec::new();
-        match vector {
-            Some(Ok((hits, set))) => {
+        match (vector, &self.embedder) {
+            (Some(Ok(hits)), Some(embedder)) => {
                 vector_hits = hits;
-                vectors = Some(set);
+                model = Some(embedder.name());
             }
-            Some(Err(e)) => tracing::warn!(error = %e, "vector search failed; using BM25 only"),
-            None => {}
+            (Some(Err(e)), _) => {
+                tracing::warn!(error = %e, "vector search failed; using BM25 only")
+            }
+            _ => {}
         }
-        let fused = if vectors.is_some() {
+        let fused = if model.is_some() {
             fuse(&[(&text, s.text_weight), (&vector_hits, s.vector_weight)])
         } else {
             fuse(&[(&text, 1.0)])
@@ -461,7 +439,7 @@ impl Memory for HybridMemory {
         let ids: Vec<i64> = fused.iter().map(|f| f.0).collect();
         let found: HashMap<i64, FoundChunk> = self
             .index
-            .chunks(tenant, agent, &ids)
+            .chunks(tenant, agent, &ids, model)
             .await?
             .into_iter()
             .map(|c| (c.rowid, c))
@@ -476,27 +454,14 @@ impl Memory for HybridMemory {
             })
             .collect();
         sort_desc(&mut scored);
-        // Rows of each candidate in the vector set, for MMR's similarity.
-        let positions: HashMap<i64, usize> = vectors
-            .as_ref()
-            .map(|set| {
-                let wanted: std::collections::HashSet<i64> = scored.iter().map(|c| c.0).collect();
-                set.rowids
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, id)| wanted.contains(id))
-                    .map(|(i, id)| (*id, i))
-                    .collect()
-            })
-            .unwrap_or_default();
+        // Cosine of the stored vectors when both chunks have one (they come
+        // only when the vector search succeeded), else shared words.
         let similarity = |a: i64, b: i64| -> f32 {
-            if let (Some(set), Some(&i), Some(&j)) =
-                (vectors.as_ref(), positions.get(&a), positions.get(&b))
-            {
-                return set.similarity(i, j).max(0.0);
-            }
             match (found.get(&a), found.get(&b)) {
-                (Some(x), Some(y)) => word_overlap(&x.text, &y.text),
+                (Some(x), Some(y)) => match (&x.embedding, &y.embedding) {
+                    (Some(u), Some(v)) if u.len() == v.len() => dot(u, v).max(0.0),
+                    _ => word_overlap(&x.text, &y.text),
+                },
                 _ => 0.0,
             }
         };
@@ -546,6 +511,11 @@ impl Memory for HybridMemory {
     }
 
     async fn reindex(&self) -> Result<usize, MemoryError> {
+        // Nothing cached to follow write by write: searches reload once.
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
         let mut total = 0;
         for doc in self.index.all_documents().await? {
             total += self.store(doc, true).await?.1;
@@ -578,50 +548,125 @@ mod tests {
         assert!(query_terms("what is the").is_empty());
     }
 
-    #[test]
-    fn packed_scan_picks_the_nearest() {
-        let set = Packed::new(VectorSet {
-            rowids: vec![10, 11, 12],
-            data: vec![1.0, 0.0, 0.0, 1.0, 0.6, 0.8],
-            dim: 2,
-        });
-        let hits = set.top(&[0.0, 1.0], 2);
-        assert_eq!(hits.iter().map(|h| h.0).collect::<Vec<_>>(), [11, 12]);
-        assert!((hits[1].1 - 0.8).abs() < 0.01);
-        assert_eq!(set.top(&[1.0, 0.0], 10).len(), 3);
-        assert!(set.top(&[1.0], 10).is_empty());
-        assert!((set.similarity(0, 2) - 0.6).abs() < 0.01);
+    /// Letter counts: enough to tell texts apart.
+    struct Letters;
+
+    #[async_trait]
+    impl Embedder for Letters {
+        fn name(&self) -> &str {
+            "test/letters"
+        }
+
+        fn dim(&self) -> usize {
+            26
+        }
+
+        async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, crate::embed::EmbedError> {
+            Ok(texts
+                .iter()
+                .map(|t| {
+                    let mut v = vec![0.0_f32; 26];
+                    for b in t
+                        .to_ascii_lowercase()
+                        .bytes()
+                        .filter(u8::is_ascii_lowercase)
+                    {
+                        v[usize::from(b - b'a')] += 1.0;
+                    }
+                    crate::rank::normalize(v)
+                })
+                .collect())
+        }
     }
 
-    #[test]
-    fn packed_scan_on_threads_matches_one_thread() {
-        // Enough rows for several threads; each row's best match is known.
-        let dim = 16;
-        let rows = ROWS_PER_THREAD * 3 + 7;
-        let mut data = vec![0.0_f32; rows * dim];
-        for r in 0..rows {
-            data[r * dim + r % dim] = 1.0 / (1.0 + (r / dim) as f32);
+    fn note(tenant: &str, source: &str, text: &str) -> MemoryDocument {
+        MemoryDocument {
+            tenant: tenant.into(),
+            agent: "ops".into(),
+            source: source.into(),
+            title: source.into(),
+            text: text.into(),
+            created_at: Utc::now(),
         }
-        let set = Packed::new(VectorSet {
-            rowids: (0..rows as i64).collect(),
-            data,
-            dim,
-        });
-        let mut q = vec![0.0_f32; dim];
-        q[3] = 1.0;
-        let hits = set.top(&q, 5);
-        assert_eq!(
-            hits.iter().map(|h| h.0).collect::<Vec<_>>(),
-            [3, 19, 35, 51, 67]
+    }
+
+    /// Writes through this memory update its cached vectors in place: the
+    /// cache stays at the scope's current version (no reload on the next
+    /// search) and holds exactly the scope's chunks.
+    #[tokio::test]
+    async fn cache_follows_writes_without_reloading() {
+        let dir = tempfile::tempdir().unwrap();
+        let index: Arc<dyn Index> =
+            Arc::new(crate::sqlite::SqliteIndex::open(&dir.path().join("memory.db")).unwrap());
+        let settings = Settings {
+            chunk_tokens: 4,
+            chunk_overlap: 0,
+            ..Settings::default()
+        };
+        let memory = HybridMemory::new(Arc::clone(&index), Some(Arc::new(Letters)), settings, None);
+        let cached = || {
+            let cache = memory.cache.lock().unwrap();
+            cache
+                .get(&("acme".to_owned(), "ops".to_owned()))
+                .map(|c| (c.version, c.vectors.len()))
+        };
+        memory
+            .add_document(note("acme", "doc:a", "alpha beta gamma delta"))
+            .await
+            .unwrap();
+        assert_eq!(cached(), None);
+        memory.search("acme", "ops", "alpha", 5).await.unwrap();
+        assert_eq!(cached(), Some((1, 1)));
+        // Added: two chunks more, same set.
+        memory
+            .add_document(note("acme", "doc:b", "one two three four five six"))
+            .await
+            .unwrap();
+        assert_eq!(cached(), Some((2, 3)));
+        // Replaced: doc:a's one chunk becomes three.
+        memory
+            .add_document(note("acme", "doc:a", "a b c d e f g h i j"))
+            .await
+            .unwrap();
+        assert_eq!(cached(), Some((3, 5)));
+        assert_eq!(index.version("acme", "ops").await.unwrap(), 3);
+        // Another scope's writes leave this one alone.
+        memory
+            .add_document(note("globex", "doc:a", "alpha beta gamma delta"))
+            .await
+            .unwrap();
+        assert_eq!(cached(), Some((3, 5)));
+        // What the cache holds is what a reload gives.
+        let (version, fresh) = index.vectors("acme", "ops", "test/letters").await.unwrap();
+        assert_eq!(version, 3);
+        let q = Letters.embed(&["alpha".into()]).await.unwrap().remove(0);
+        let held = memory.cache.lock().unwrap()[&("acme".to_owned(), "ops".to_owned())]
+            .vectors
+            .top(&q, 10);
+        assert_eq!(held, fresh.top(&q, 10));
+        // A write this memory did not make (another process): reloaded.
+        let other = HybridMemory::new(
+            Arc::clone(&index),
+            Some(Arc::new(Letters)),
+            Settings::default(),
+            None,
         );
-    }
-
-    #[test]
-    fn bf16_round_trip_keeps_three_digits() {
-        for x in [0.0_f32, 1.0, -0.5, 0.123_456, -0.987_654, 3.0e-5] {
-            let y = from_bf16(to_bf16(x));
-            assert!((x - y).abs() <= x.abs() / 256.0, "{x} -> {y}");
-        }
+        other
+            .add_document(note("acme", "doc:c", "zeta"))
+            .await
+            .unwrap();
+        memory
+            .add_document(note("acme", "doc:d", "theta"))
+            .await
+            .unwrap();
+        assert_eq!(
+            cached(),
+            Some((3, 5)),
+            "a cache two versions behind is left to reload"
+        );
+        let hits = memory.search("acme", "ops", "zeta", 10).await.unwrap();
+        assert!(hits.iter().any(|h| h.snippet == "zeta"), "{hits:?}");
+        assert_eq!(cached(), Some((5, 7)));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 
 use crate::MemoryError;
 use crate::chunk::Chunk;
+use crate::vectors::VectorSet;
 
 /// A document row as stored.
 #[derive(Debug, Clone)]
@@ -45,14 +46,24 @@ pub(crate) struct FoundChunk {
     pub source: String,
     pub text: String,
     pub created_at: DateTime<Utc>,
+    /// The stored vector, when it was made by the model asked for.
+    pub embedding: Option<Vec<f32>>,
 }
 
-/// Every vector of one (tenant, agent) for one model, row-major.
-#[derive(Debug, Default)]
-pub(crate) struct VectorSet {
-    pub rowids: Vec<i64>,
-    pub data: Vec<f32>,
-    pub dim: usize,
+/// What a [`Index::put`] changed, so that a cache of the scope's vectors
+/// can follow without reloading them.
+#[derive(Debug, Clone)]
+pub(crate) struct Written {
+    /// The document's id.
+    pub id: String,
+    /// The scope's version after the write. Every write to a scope bumps
+    /// its version in the same transaction, so the scope at `version` is
+    /// the scope at `version - 1` with this write's changes.
+    pub version: i64,
+    /// Rowids of the chunks the write deleted.
+    pub removed: Vec<i64>,
+    /// Rowids given to the chunks written, in the order they were passed.
+    pub added: Vec<i64>,
 }
 
 #[async_trait]
@@ -67,8 +78,8 @@ pub(crate) trait Index: Send + Sync {
 
     /// Inserts or replaces the document at (tenant, agent, source) and all
     /// its chunks, bumping the scope's version. Keeps the id of a document
-    /// already there (so ids handed out earlier stay valid); returns the id.
-    async fn put(&self, doc: DocRow, chunks: Vec<NewChunk>) -> Result<String, MemoryError>;
+    /// already there (so ids handed out earlier stay valid).
+    async fn put(&self, doc: DocRow, chunks: Vec<NewChunk>) -> Result<Written, MemoryError>;
 
     /// Chunk rowids matching `terms` (any of them), best BM25 first, with a
     /// score where higher is better.
@@ -90,20 +101,34 @@ pub(crate) trait Index: Send + Sync {
     /// The scope's version: changes whenever its chunks do.
     async fn version(&self, tenant: &str, agent: &str) -> Result<i64, MemoryError>;
 
-    /// Every vector of `model` in the scope.
+    /// Every vector of `model` in the scope, quantized, and the scope's
+    /// version they are as of (read in one snapshot, so that a cache holding
+    /// them can be brought forward write by write).
     async fn vectors(
         &self,
         tenant: &str,
         agent: &str,
         model: &str,
-    ) -> Result<VectorSet, MemoryError>;
+    ) -> Result<(i64, VectorSet), MemoryError>;
 
-    /// The chunks with these rowids that belong to the scope.
+    /// The full-precision vectors of `model` of the chunks with these rowids
+    /// that belong to the scope.
+    async fn embeddings(
+        &self,
+        tenant: &str,
+        agent: &str,
+        model: &str,
+        rowids: &[i64],
+    ) -> Result<Vec<(i64, Vec<f32>)>, MemoryError>;
+
+    /// The chunks with these rowids that belong to the scope, with their
+    /// vectors when `model` made them.
     async fn chunks(
         &self,
         tenant: &str,
         agent: &str,
         rowids: &[i64],
+        model: Option<&str>,
     ) -> Result<Vec<FoundChunk>, MemoryError>;
 
     /// A document's text and the first line of chunk `ordinal` in it
@@ -132,22 +157,6 @@ pub(crate) fn decode_vector(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// Appends a stored vector to a row-major buffer, if it has the right length.
-pub(crate) fn push_vector(set: &mut VectorSet, rowid: i64, bytes: &[u8]) {
-    if bytes.len() != set.dim * 4 && set.dim != 0 {
-        return;
-    }
-    if set.dim == 0 {
-        set.dim = bytes.len() / 4;
-    }
-    set.rowids.push(rowid);
-    set.data.extend(
-        bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,10 +167,5 @@ mod tests {
         let bytes = encode_vector(&v);
         assert_eq!(&bytes[..4], &1.0_f32.to_le_bytes());
         assert_eq!(decode_vector(&bytes), v);
-        let mut set = VectorSet::default();
-        push_vector(&mut set, 7, &bytes);
-        push_vector(&mut set, 8, &encode_vector(&[1.0]));
-        assert_eq!(set.rowids, vec![7]);
-        assert_eq!(set.dim, 3);
     }
 }

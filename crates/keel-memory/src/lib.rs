@@ -18,6 +18,7 @@ mod rank;
 mod settings;
 mod sqlite;
 mod tools;
+mod vectors;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};

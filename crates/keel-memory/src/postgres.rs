@@ -11,8 +11,9 @@ use sqlx::{Connection, PgPool, Row};
 
 use crate::MemoryError;
 use crate::error::backend;
-use crate::index::{DocRow, FoundChunk, Index, NewChunk, StoredChunk, VectorSet, push_vector};
+use crate::index::{DocRow, FoundChunk, Index, NewChunk, StoredChunk, Written};
 use crate::index::{decode_vector, encode_vector};
+use crate::vectors::VectorSet;
 
 /// Migration `i` brings the memory schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[include_str!("../migrations/postgres/0001_init.sql")];
@@ -143,7 +144,7 @@ impl Index for PostgresIndex {
             .map_err(backend("reading chunks"))
     }
 
-    async fn put(&self, doc: DocRow, chunks: Vec<NewChunk>) -> Result<String, MemoryError> {
+    async fn put(&self, doc: DocRow, chunks: Vec<NewChunk>) -> Result<Written, MemoryError> {
         let mut tx = self
             .pool
             .begin()
@@ -169,16 +170,18 @@ impl Index for PostgresIndex {
         .fetch_one(&mut *tx)
         .await
         .map_err(backend("writing the document"))?;
-        sqlx::query("DELETE FROM memory_chunks WHERE doc_id = $1")
-            .bind(&id)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend("removing old chunks"))?;
+        let removed: Vec<i64> =
+            sqlx::query_scalar("DELETE FROM memory_chunks WHERE doc_id = $1 RETURNING id")
+                .bind(&id)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(backend("removing old chunks"))?;
+        let mut added = Vec::with_capacity(chunks.len());
         for c in &chunks {
-            sqlx::query(
+            let rowid: i64 = sqlx::query_scalar(
                 "INSERT INTO memory_chunks \
                  (doc_id, tenant, agent, ordinal, start_line, end_line, text, hash, model, embedding) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
             )
             .bind(&id)
             .bind(&doc.tenant)
@@ -190,25 +193,32 @@ impl Index for PostgresIndex {
             .bind(&c.chunk.hash)
             .bind(&c.model)
             .bind(c.embedding.as_deref().map(encode_vector))
-            .execute(&mut *tx)
+            .fetch_one(&mut *tx)
             .await
             .map_err(backend("inserting a chunk"))?;
+            added.push(rowid);
         }
-        sqlx::query(
+        let version: i64 = sqlx::query_scalar(
             "INSERT INTO memory_scopes (tenant, agent, version, chunks) \
              VALUES ($1, $2, 1, (SELECT count(*) FROM memory_chunks WHERE tenant = $1 AND agent = $2)) \
              ON CONFLICT (tenant, agent) DO UPDATE SET \
-               version = memory_scopes.version + 1, chunks = EXCLUDED.chunks",
+               version = memory_scopes.version + 1, chunks = EXCLUDED.chunks \
+             RETURNING version",
         )
         .bind(&doc.tenant)
         .bind(&doc.agent)
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
         .map_err(backend("bumping the scope version"))?;
         tx.commit()
             .await
             .map_err(backend("committing the document"))?;
-        Ok(id)
+        Ok(Written {
+            id,
+            version,
+            removed,
+            added,
+        })
     }
 
     async fn text_search(
@@ -289,24 +299,75 @@ impl Index for PostgresIndex {
         tenant: &str,
         agent: &str,
         model: &str,
-    ) -> Result<VectorSet, MemoryError> {
-        let rows = sqlx::query(
-            "SELECT id, embedding FROM memory_chunks \
-             WHERE tenant = $1 AND agent = $2 AND model = $3 AND embedding IS NOT NULL",
+    ) -> Result<(i64, VectorSet), MemoryError> {
+        use futures::TryStreamExt;
+        // One snapshot: the version is that of the vectors read.
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(backend("starting vector load"))?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await
+            .map_err(backend("starting vector load"))?;
+        let version: Option<i64> = sqlx::query_scalar(
+            "SELECT version FROM memory_scopes WHERE tenant = $1 AND agent = $2",
         )
         .bind(tenant)
         .bind(agent)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend("reading the scope version"))?;
+        let mut set = VectorSet::default();
+        {
+            // Streamed: the f32 vectors are never all in memory at once.
+            let mut rows = sqlx::query(
+                "SELECT id, embedding FROM memory_chunks \
+                 WHERE tenant = $1 AND agent = $2 AND model = $3 AND embedding IS NOT NULL",
+            )
+            .bind(tenant)
+            .bind(agent)
+            .bind(model)
+            .fetch(&mut *tx);
+            while let Some(r) = rows.try_next().await.map_err(backend("loading vectors"))? {
+                let rowid: i64 = r.try_get(0).map_err(backend("loading vectors"))?;
+                let bytes: &[u8] = r.try_get(1).map_err(backend("loading vectors"))?;
+                set.push_le_bytes(rowid, bytes);
+            }
+        }
+        tx.commit().await.map_err(backend("ending vector load"))?;
+        Ok((version.unwrap_or(0), set))
+    }
+
+    async fn embeddings(
+        &self,
+        tenant: &str,
+        agent: &str,
+        model: &str,
+        rowids: &[i64],
+    ) -> Result<Vec<(i64, Vec<f32>)>, MemoryError> {
+        let rows = sqlx::query(
+            "SELECT id, embedding FROM memory_chunks \
+             WHERE id = ANY($3) AND tenant = $1 AND agent = $2 AND model = $4 \
+               AND embedding IS NOT NULL",
+        )
+        .bind(tenant)
+        .bind(agent)
+        .bind(rowids)
         .bind(model)
         .fetch_all(&self.pool)
         .await
-        .map_err(backend("loading vectors"))?;
-        let mut set = VectorSet::default();
-        for r in &rows {
-            let rowid: i64 = r.try_get(0).map_err(backend("loading vectors"))?;
-            let bytes: &[u8] = r.try_get(1).map_err(backend("loading vectors"))?;
-            push_vector(&mut set, rowid, bytes);
-        }
-        Ok(set)
+        .map_err(backend("fetching vectors"))?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<i64, _>(0)?,
+                    decode_vector(r.try_get::<&[u8], _>(1)?),
+                ))
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(backend("fetching vectors"))
     }
 
     async fn chunks(
@@ -314,15 +375,18 @@ impl Index for PostgresIndex {
         tenant: &str,
         agent: &str,
         rowids: &[i64],
+        model: Option<&str>,
     ) -> Result<Vec<FoundChunk>, MemoryError> {
         let rows = sqlx::query(
-            "SELECT c.id, c.doc_id, c.ordinal, d.source, c.text, d.created_at \
+            "SELECT c.id, c.doc_id, c.ordinal, d.source, c.text, d.created_at, \
+               CASE WHEN c.model = $4 THEN c.embedding END \
              FROM memory_chunks c JOIN memory_documents d ON d.id = c.doc_id \
              WHERE c.id = ANY($3) AND c.tenant = $1 AND c.agent = $2",
         )
         .bind(tenant)
         .bind(agent)
         .bind(rowids)
+        .bind(model)
         .fetch_all(&self.pool)
         .await
         .map_err(backend("fetching chunks"))?;
@@ -335,6 +399,9 @@ impl Index for PostgresIndex {
                     source: r.try_get(3)?,
                     text: r.try_get(4)?,
                     created_at: r.try_get::<DateTime<Utc>, _>(5)?,
+                    embedding: r
+                        .try_get::<Option<Vec<u8>>, _>(6)?
+                        .map(|b| decode_vector(&b)),
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()

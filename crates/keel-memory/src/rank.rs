@@ -61,21 +61,24 @@ pub fn mmr(
 ) -> Vec<(i64, f32)> {
     let top = candidates.iter().map(|c| c.1).fold(f32::MIN, f32::max);
     let norm = if top > 0.0 { top } else { 1.0 };
-    let mut left: Vec<(i64, f32)> = candidates.to_vec();
+    // Each candidate with its largest similarity to the picks so far,
+    // updated with the latest pick only: k·n similarities, not k²·n.
+    let mut left: Vec<((i64, f32), f32)> = candidates.iter().map(|c| (*c, 0.0)).collect();
     let mut picked: Vec<(i64, f32)> = Vec::with_capacity(k.min(left.len()));
     while picked.len() < k && !left.is_empty() {
+        if let Some(&(last, _)) = picked.last() {
+            for ((id, _), redundancy) in &mut left {
+                *redundancy = redundancy.max(similarity(*id, last));
+            }
+        }
         let mut best = (0, f32::MIN);
-        for (i, (id, rel)) in left.iter().enumerate() {
-            let redundancy = picked
-                .iter()
-                .map(|(p, _)| similarity(*id, *p))
-                .fold(0.0, f32::max);
+        for (i, ((_, rel), redundancy)) in left.iter().enumerate() {
             let value = lambda * (rel / norm) - (1.0 - lambda) * redundancy;
             if value > best.1 {
                 best = (i, value);
             }
         }
-        picked.push(left.remove(best.0));
+        picked.push(left.remove(best.0).0);
     }
     picked
 }
@@ -181,6 +184,45 @@ mod tests {
         // Never more than asked, nor than there is.
         assert_eq!(mmr(&candidates, 10, 0.7, sim).len(), 3);
         assert!(mmr(&candidates, 0, 0.7, sim).is_empty());
+    }
+
+    /// The picks are those of the textbook definition, which recomputes
+    /// every candidate's redundancy against every pick each round.
+    #[test]
+    fn mmr_matches_the_quadratic_definition() {
+        let reference =
+            |candidates: &[(i64, f32)], k: usize, lambda: f32, sim: &dyn Fn(i64, i64) -> f32| {
+                let norm = candidates.iter().map(|c| c.1).fold(f32::MIN, f32::max);
+                let mut left = candidates.to_vec();
+                let mut picked: Vec<(i64, f32)> = Vec::new();
+                while picked.len() < k && !left.is_empty() {
+                    let mut best = (0, f32::MIN);
+                    for (i, (id, rel)) in left.iter().enumerate() {
+                        let redundancy =
+                            picked.iter().map(|(p, _)| sim(*id, *p)).fold(0.0, f32::max);
+                        let value = lambda * (rel / norm) - (1.0 - lambda) * redundancy;
+                        if value > best.1 {
+                            best = (i, value);
+                        }
+                    }
+                    picked.push(left.remove(best.0));
+                }
+                picked
+            };
+        let candidates: Vec<(i64, f32)> = (0..40)
+            .map(|i| (i, 1.0 - ((i * 37) % 40) as f32 / 50.0))
+            .collect();
+        // A similarity with structure: ids close in value (mod 7) are alike.
+        let sim = |a: i64, b: i64| 1.0 / (1.0 + ((a % 7) - (b % 7)).abs() as f32);
+        for lambda in [0.3, 0.5, 0.7, 1.0] {
+            for k in [1, 5, 12, 40] {
+                assert_eq!(
+                    mmr(&candidates, k, lambda, sim),
+                    reference(&candidates, k, lambda, &sim),
+                    "λ={lambda} k={k}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -13,13 +13,21 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use crate::MemoryError;
 use crate::error::backend;
-use crate::index::{DocRow, FoundChunk, Index, NewChunk, StoredChunk, VectorSet, push_vector};
+use crate::index::{DocRow, FoundChunk, Index, NewChunk, StoredChunk, Written};
 use crate::index::{decode_vector, encode_vector};
+use crate::vectors::VectorSet;
 
 /// Migration `i` brings `user_version` from `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/sqlite/0001_init.sql"),
+    include_str!("../migrations/sqlite/0002_document_meta_index.sql"),
+];
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How much of memory.db read connections map into memory (address space,
+/// not RAM: the pages are the OS file cache's); beyond it, reads use pread.
+const MMAP_BYTES: i64 = 1 << 30;
 
 pub(crate) struct SqliteIndex {
     path: PathBuf,
@@ -101,6 +109,12 @@ fn open_reader(path: &Path) -> Result<Connection, MemoryError> {
     .map_err(backend("opening memory read connection"))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(backend("setting busy timeout"))?;
+    // Searches read pages all over the file (FTS5 doclists and docsizes,
+    // chunk rows): mapped, a page costs a memory access instead of a
+    // pread() and a copy into SQLite's cache (measured: the text search
+    // and the vector fetch take about a third less time at 100k chunks).
+    conn.pragma_update(None, "mmap_size", MMAP_BYTES)
+        .map_err(backend("setting mmap_size"))?;
     Ok(conn)
 }
 
@@ -146,7 +160,7 @@ fn to_usize(v: i64) -> usize {
     usize::try_from(v).unwrap_or(0)
 }
 
-fn put(conn: &mut Connection, doc: DocRow, chunks: Vec<NewChunk>) -> Result<String, MemoryError> {
+fn put(conn: &mut Connection, doc: DocRow, chunks: Vec<NewChunk>) -> Result<Written, MemoryError> {
     let tx = conn
         .transaction()
         .map_err(backend("starting memory write"))?;
@@ -159,6 +173,7 @@ fn put(conn: &mut Connection, doc: DocRow, chunks: Vec<NewChunk>) -> Result<Stri
         .optional()
         .map_err(backend("looking up the document"))?;
     let now = timestamp(&Utc::now());
+    let mut removed = Vec::new();
     let id = match existing {
         Some(id) => {
             tx.execute(
@@ -167,6 +182,13 @@ fn put(conn: &mut Connection, doc: DocRow, chunks: Vec<NewChunk>) -> Result<Stri
                 params![id, doc.title, doc.text, timestamp(&doc.created_at), now],
             )
             .map_err(backend("updating the document"))?;
+            removed = tx
+                .prepare("SELECT id FROM memory_chunks WHERE doc_id = ?1")
+                .and_then(|mut s| {
+                    s.query_map(params![id], |r| r.get::<_, i64>(0))?
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(backend("listing old chunks"))?;
             tx.execute(
                 "DELETE FROM memory_fts WHERE rowid IN (SELECT id FROM memory_chunks WHERE doc_id = ?1)",
                 params![id],
@@ -195,6 +217,7 @@ fn put(conn: &mut Connection, doc: DocRow, chunks: Vec<NewChunk>) -> Result<Stri
             doc.id.clone()
         }
     };
+    let mut added = Vec::with_capacity(chunks.len());
     {
         let mut insert = tx
             .prepare(
@@ -221,19 +244,29 @@ fn put(conn: &mut Connection, doc: DocRow, chunks: Vec<NewChunk>) -> Result<Stri
                     c.embedding.as_deref().map(encode_vector),
                 ])
                 .map_err(backend("inserting a chunk"))?;
-            fts.execute(params![tx.last_insert_rowid(), c.chunk.text])
+            let rowid = tx.last_insert_rowid();
+            fts.execute(params![rowid, c.chunk.text])
                 .map_err(backend("indexing a chunk's text"))?;
+            added.push(rowid);
         }
     }
-    tx.execute(
-        "INSERT INTO memory_scopes (tenant, agent, version, chunks) \
-         VALUES (?1, ?2, 1, (SELECT count(*) FROM memory_chunks WHERE tenant = ?1 AND agent = ?2)) \
-         ON CONFLICT (tenant, agent) DO UPDATE SET version = version + 1, chunks = excluded.chunks",
-        params![doc.tenant, doc.agent],
-    )
-    .map_err(backend("bumping the scope version"))?;
+    let version: i64 = tx
+        .query_row(
+            "INSERT INTO memory_scopes (tenant, agent, version, chunks) \
+             VALUES (?1, ?2, 1, (SELECT count(*) FROM memory_chunks WHERE tenant = ?1 AND agent = ?2)) \
+             ON CONFLICT (tenant, agent) DO UPDATE SET version = version + 1, chunks = excluded.chunks \
+             RETURNING version",
+            params![doc.tenant, doc.agent],
+            |r| r.get(0),
+        )
+        .map_err(backend("bumping the scope version"))?;
     tx.commit().map_err(backend("committing the document"))?;
-    Ok(id)
+    Ok(Written {
+        id,
+        version,
+        removed,
+        added,
+    })
 }
 
 #[async_trait]
@@ -270,7 +303,7 @@ impl Index for SqliteIndex {
         .await
     }
 
-    async fn put(&self, doc: DocRow, chunks: Vec<NewChunk>) -> Result<String, MemoryError> {
+    async fn put(&self, doc: DocRow, chunks: Vec<NewChunk>) -> Result<Written, MemoryError> {
         self.write(move |conn| put(conn, doc, chunks)).await
     }
 
@@ -358,27 +391,72 @@ impl Index for SqliteIndex {
         tenant: &str,
         agent: &str,
         model: &str,
-    ) -> Result<VectorSet, MemoryError> {
+    ) -> Result<(i64, VectorSet), MemoryError> {
         let (tenant, agent, model) = (tenant.to_owned(), agent.to_owned(), model.to_owned());
         self.read(move |conn| {
+            // One read transaction: the version is that of the vectors read.
+            let tx = conn
+                .unchecked_transaction()
+                .map_err(backend("starting vector load"))?;
+            let version: i64 = tx
+                .prepare_cached(
+                    "SELECT version FROM memory_scopes WHERE tenant = ?1 AND agent = ?2",
+                )
+                .and_then(|mut s| s.query_row(params![tenant, agent], |r| r.get(0)).optional())
+                .map_err(backend("reading the scope version"))?
+                .unwrap_or(0);
+            let mut set = VectorSet::default();
+            {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT id, embedding FROM memory_chunks \
+                         WHERE tenant = ?1 AND agent = ?2 AND model = ?3 AND embedding IS NOT NULL",
+                    )
+                    .map_err(backend("preparing vector load"))?;
+                let mut rows = stmt
+                    .query(params![tenant, agent, model])
+                    .map_err(backend("loading vectors"))?;
+                while let Some(row) = rows.next().map_err(backend("loading vectors"))? {
+                    let rowid: i64 = row.get(0).map_err(backend("loading vectors"))?;
+                    let bytes = row.get_ref(1).map_err(backend("loading vectors"))?;
+                    if let Ok(bytes) = bytes.as_blob() {
+                        set.push_le_bytes(rowid, bytes);
+                    }
+                }
+            }
+            tx.finish().map_err(backend("ending vector load"))?;
+            Ok((version, set))
+        })
+        .await
+    }
+
+    async fn embeddings(
+        &self,
+        tenant: &str,
+        agent: &str,
+        model: &str,
+        rowids: &[i64],
+    ) -> Result<Vec<(i64, Vec<f32>)>, MemoryError> {
+        let (tenant, agent, model) = (tenant.to_owned(), agent.to_owned(), model.to_owned());
+        let ids = serde_json::to_string(rowids)
+            .map_err(|e| MemoryError::Backend(format!("encoding chunk ids: {e}")))?;
+        self.read(move |conn| {
+            // The `+` keeps the planner on rowid lookups: the scope index
+            // matches all three columns and would scan the whole scope.
             let mut stmt = conn
                 .prepare_cached(
                     "SELECT id, embedding FROM memory_chunks \
-                     WHERE tenant = ?1 AND agent = ?2 AND model = ?3 AND embedding IS NOT NULL",
+                     WHERE id IN (SELECT value FROM json_each(?3)) \
+                       AND +tenant = ?1 AND +agent = ?2 AND +model = ?4 AND embedding IS NOT NULL",
                 )
-                .map_err(backend("preparing vector load"))?;
-            let mut rows = stmt
-                .query(params![tenant, agent, model])
-                .map_err(backend("loading vectors"))?;
-            let mut set = VectorSet::default();
-            while let Some(row) = rows.next().map_err(backend("loading vectors"))? {
-                let rowid: i64 = row.get(0).map_err(backend("loading vectors"))?;
-                let bytes = row.get_ref(1).map_err(backend("loading vectors"))?;
-                if let Ok(bytes) = bytes.as_blob() {
-                    push_vector(&mut set, rowid, bytes);
-                }
-            }
-            Ok(set)
+                .map_err(backend("preparing vector fetch"))?;
+            let rows = stmt
+                .query_map(params![tenant, agent, ids, model], |r| {
+                    Ok((r.get::<_, i64>(0)?, decode_vector(&r.get::<_, Vec<u8>>(1)?)))
+                })
+                .map_err(backend("fetching vectors"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(backend("fetching vectors"))
         })
         .await
     }
@@ -388,21 +466,30 @@ impl Index for SqliteIndex {
         tenant: &str,
         agent: &str,
         rowids: &[i64],
+        model: Option<&str>,
     ) -> Result<Vec<FoundChunk>, MemoryError> {
-        let (tenant, agent) = (tenant.to_owned(), agent.to_owned());
+        let (tenant, agent, model) = (
+            tenant.to_owned(),
+            agent.to_owned(),
+            model.map(str::to_owned),
+        );
         let ids = serde_json::to_string(rowids)
             .map_err(|e| MemoryError::Backend(format!("encoding chunk ids: {e}")))?;
         self.read(move |conn| {
+            // `+` as in `embeddings`; the document's source and date come
+            // from the covering index `memory_documents_meta`, not the row.
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT c.id, c.doc_id, c.ordinal, d.source, c.text, d.created_at \
-                     FROM memory_chunks c JOIN memory_documents d ON d.id = c.doc_id \
+                    "SELECT c.id, c.doc_id, c.ordinal, d.source, c.text, d.created_at, \
+                       CASE WHEN c.model = ?4 THEN c.embedding END \
+                     FROM memory_chunks c \
+                     JOIN memory_documents d INDEXED BY memory_documents_meta ON d.id = c.doc_id \
                      WHERE c.id IN (SELECT value FROM json_each(?3)) \
-                       AND c.tenant = ?1 AND c.agent = ?2",
+                       AND +c.tenant = ?1 AND +c.agent = ?2",
                 )
                 .map_err(backend("preparing chunk fetch"))?;
             let rows = stmt
-                .query_map(params![tenant, agent, ids], |r| {
+                .query_map(params![tenant, agent, ids, model], |r| {
                     Ok(FoundChunk {
                         rowid: r.get(0)?,
                         doc_id: r.get(1)?,
@@ -410,6 +497,7 @@ impl Index for SqliteIndex {
                         source: r.get(3)?,
                         text: r.get(4)?,
                         created_at: parse_time(&r.get::<_, String>(5)?),
+                        embedding: r.get::<_, Option<Vec<u8>>>(6)?.map(|b| decode_vector(&b)),
                     })
                 })
                 .map_err(backend("fetching chunks"))?;

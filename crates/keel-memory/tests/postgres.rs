@@ -49,6 +49,13 @@ async fn tenant_and_agent_isolation() {
 }
 
 #[tokio::test]
+async fn vector_cache_follows_writes() {
+    let db = TestDb::create().await;
+    let e: Arc<dyn Embedder> = Arc::new(common::ConceptEmbedder);
+    common::vector_cache_follows_writes(&memory(&db, Some(e), Settings::default()).await).await;
+}
+
+#[tokio::test]
 async fn incremental_reembedding() {
     let db = TestDb::create().await;
     let (c, e) = counted();

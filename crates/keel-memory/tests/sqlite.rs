@@ -45,6 +45,16 @@ async fn tenant_and_agent_isolation() {
 }
 
 #[tokio::test]
+async fn vector_cache_follows_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let embedder: Arc<dyn Embedder> = Arc::new(common::ConceptEmbedder);
+    let memory = keel_memory::open_with("", dir.path(), Some(embedder), Settings::default(), None)
+        .await
+        .unwrap();
+    common::vector_cache_follows_writes(&memory).await;
+}
+
+#[tokio::test]
 async fn incremental_reembedding() {
     let dir = tempfile::tempdir().unwrap();
     let (memory, counter) = with_embedder(dir.path(), small_chunks()).await;

@@ -332,3 +332,154 @@ pub async fn time_decay(memory: &Arc<dyn Memory>) {
     assert_eq!(hits[0].source, "note:new");
     assert!(hits[1].score < hits[0].score * 0.2, "{hits:?}");
 }
+
+/// Vectors by meaning for a handful of words: synonyms share a dimension,
+/// so a query can match a note it shares no word with, which only the
+/// vector side (and so the vector cache) can find. Other words get small
+/// hashed dimensions of their own.
+pub struct ConceptEmbedder;
+
+const CONCEPTS: &[&[&str]] = &[
+    &["invoice", "invoices", "bill", "bills"],
+    &["approve", "approved", "sign", "signs"],
+    &["badge", "badges", "pass", "passes"],
+    &["issue", "issued", "hand", "hands"],
+];
+
+#[async_trait]
+impl Embedder for ConceptEmbedder {
+    fn name(&self) -> &str {
+        "test/concepts"
+    }
+
+    fn dim(&self) -> usize {
+        64
+    }
+
+    async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        Ok(texts
+            .iter()
+            .map(|t| {
+                let mut v = vec![0.0_f32; 64];
+                for w in t
+                    .split(|c: char| !c.is_alphanumeric())
+                    .filter(|w| !w.is_empty())
+                    .map(str::to_lowercase)
+                {
+                    match CONCEPTS.iter().position(|c| c.contains(&w.as_str())) {
+                        Some(i) => v[i] += 1.0,
+                        None => v[CONCEPTS.len() + bucket(&w) % (64 - CONCEPTS.len())] += 0.2,
+                    }
+                }
+                let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-9);
+                v.iter().map(|x| x / n).collect()
+            })
+            .collect())
+    }
+}
+
+/// The in-memory vectors follow every write: a document added after the
+/// scope's vectors were loaded is found by meaning alone (no shared word,
+/// so not by BM25) on the next search; a replaced document's old text is
+/// gone; another tenant never sees either; and a reindex keeps all of it.
+/// Run with [`ConceptEmbedder`].
+pub async fn vector_cache_follows_writes(memory: &Arc<dyn Memory>) {
+    let sources = |hits: &[keel_memory::MemoryHit]| -> Vec<String> {
+        hits.iter().map(|h| h.source.clone()).collect()
+    };
+    memory
+        .add_document(doc(
+            "acme",
+            "ops",
+            "note:invoices",
+            "Invoices are approved by Maria.",
+        ))
+        .await
+        .unwrap();
+    // Loads the scope's vectors.
+    let hits = memory
+        .search("acme", "ops", "who signs bills", 3)
+        .await
+        .unwrap();
+    assert_eq!(sources(&hits), ["note:invoices"]);
+    // Written after the load: found through the followed cache.
+    memory
+        .add_document(doc(
+            "acme",
+            "ops",
+            "note:badges",
+            "Badges are issued by reception.",
+        ))
+        .await
+        .unwrap();
+    let hits = memory
+        .search("acme", "ops", "who hands out passes", 3)
+        .await
+        .unwrap();
+    assert_eq!(hits[0].source, "note:badges", "{hits:?}");
+    // Another tenant, with a note of its own on the same subject.
+    for query in ["who hands out passes", "who signs bills"] {
+        assert!(
+            memory
+                .search("globex", "ops", query, 5)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+    memory
+        .add_document(doc(
+            "globex",
+            "ops",
+            "note:passes",
+            "Passes are issued by security.",
+        ))
+        .await
+        .unwrap();
+    let hits = memory
+        .search("globex", "ops", "who hands out badges", 5)
+        .await
+        .unwrap();
+    assert_eq!(sources(&hits), ["note:passes"]);
+    let hits = memory
+        .search("acme", "ops", "who hands out badges", 5)
+        .await
+        .unwrap();
+    assert!(hits.iter().all(|h| h.source != "note:passes"), "{hits:?}");
+    assert!(hits.iter().any(|h| h.source == "note:badges"), "{hits:?}");
+    // Replaced: the old text is no longer found, the new one is.
+    memory
+        .add_document(doc(
+            "acme",
+            "ops",
+            "note:badges",
+            "Reception closes at six.",
+        ))
+        .await
+        .unwrap();
+    let hits = memory
+        .search("acme", "ops", "who hands out passes", 5)
+        .await
+        .unwrap();
+    assert!(
+        hits.iter().all(|h| !h.snippet.contains("Badges")),
+        "{hits:?}"
+    );
+    let hits = memory
+        .search("acme", "ops", "reception closes", 5)
+        .await
+        .unwrap();
+    assert_eq!(hits[0].snippet, "Reception closes at six.");
+    // A reindex leaves every scope answering as before.
+    assert_eq!(memory.reindex().await.unwrap(), 3);
+    let hits = memory
+        .search("acme", "ops", "who signs bills", 3)
+        .await
+        .unwrap();
+    assert_eq!(hits[0].source, "note:invoices");
+    let hits = memory
+        .search("globex", "ops", "who signs bills", 3)
+        .await
+        .unwrap();
+    assert!(hits.iter().all(|h| h.source == "note:passes"), "{hits:?}");
+}
