@@ -14,6 +14,7 @@ mod json_state;
 mod prompt;
 mod settings;
 mod template;
+mod weights;
 
 pub use action_schema::CLARIFY_TOOL;
 pub use catalog::{DEFAULT_MODEL, KNOWN_MODELS, KnownModel};

@@ -22,6 +22,16 @@ pub struct LocalSettings {
     pub max_output_tokens: u32,
     /// Repetition penalty over the recent free text (1.0 = off).
     pub repeat_penalty: f32,
+    /// Run Q4_1 weights as a Q8_0 copy made once beside the GGUF (on by
+    /// default). llama.cpp's CPU backend evaluates prompts through Q4_1
+    /// weights one dot product at a time but through Q8_0 weights with a
+    /// tiled matrix kernel: for SmolLM2-135M on 2 cores the first token of
+    /// a 300-token prompt comes 30–40% sooner (measured back to back),
+    /// generation is no slower, and every weight stays within a fraction of
+    /// a Q4_1 step of the original. Costs, for SmolLM2-135M: a 145 MB file
+    /// beside the 98 MB GGUF, ~0.6 s once to write it, +46 MiB peak RSS.
+    /// See `crate::weights` (private) for the conversion.
+    pub requantize_q4_1: bool,
 }
 
 impl LocalSettings {
@@ -33,6 +43,7 @@ impl LocalSettings {
             context_window: None,
             max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
             repeat_penalty: 1.15,
+            requantize_q4_1: true,
         }
     }
 
