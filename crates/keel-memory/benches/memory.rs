@@ -255,8 +255,7 @@ fn search(c: &mut Criterion) {
         }))
         .unwrap();
         let t = Instant::now();
-        rt.block_on(memory.search("bench", "ops", q, 10))
-            .unwrap();
+        rt.block_on(memory.search("bench", "ops", q, 10)).unwrap();
         after_write.push(t.elapsed());
     }
     after_write.sort();
