@@ -25,6 +25,11 @@ id = "default"
 provider = "default"
 system_prompt = "You are keel's demo assistant. Answer briefly. Use a tool only when the question needs one."
 tools = ["*"]
+
+# A small local model cannot judge its own course: reflections would only
+# add calls. Loop detection and budgets still bound every run.
+[agents.drift]
+enabled = false
 "#,
         model = toml_quote(&model),
     ))

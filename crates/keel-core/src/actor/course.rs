@@ -259,7 +259,8 @@ impl RunActor {
         };
         // An unreadable answer never makes things worse: the run goes on as it was.
         let r = answer.unwrap_or_else(|| Reflection {
-            on_track: trigger == Trigger::Interval,
+            // No verdict, no correction: an empty correction would only add noise.
+            on_track: true,
             note: "the reflection answer could not be read".into(),
             next: String::new(),
         });
