@@ -56,6 +56,15 @@ async fn vector_cache_follows_writes() {
 }
 
 #[tokio::test]
+async fn text_search_limits_after_the_scope_filter() {
+    let db = TestDb::create().await;
+    common::text_search_limits_after_the_scope_filter(
+        &memory(&db, None, Settings::default()).await,
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn incremental_reembedding() {
     let db = TestDb::create().await;
     let (c, e) = counted();

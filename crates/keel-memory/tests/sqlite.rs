@@ -55,6 +55,13 @@ async fn vector_cache_follows_writes() {
 }
 
 #[tokio::test]
+async fn text_search_limits_after_the_scope_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = keel_memory::open("", dir.path(), None).await.unwrap();
+    common::text_search_limits_after_the_scope_filter(&memory).await;
+}
+
+#[tokio::test]
 async fn incremental_reembedding() {
     let dir = tempfile::tempdir().unwrap();
     let (memory, counter) = with_embedder(dir.path(), small_chunks()).await;

@@ -483,3 +483,40 @@ pub async fn vector_cache_follows_writes(memory: &Arc<dyn Memory>) {
         .unwrap();
     assert!(hits.iter().all(|h| h.source == "note:passes"), "{hits:?}");
 }
+
+/// Another tenant's chunks that match a query better than all of this
+/// tenant's still leave this tenant its own results, and only those: the
+/// text search limits its candidates after the scope filter, not before.
+/// Run without an embedder (BM25 only).
+pub async fn text_search_limits_after_the_scope_filter(memory: &Arc<dyn Memory>) {
+    for n in 0..120 {
+        memory
+            .add_document(doc(
+                "globex",
+                "ops",
+                &format!("doc:v{n}"),
+                "valve V7 valve V7 valve",
+            ))
+            .await
+            .unwrap();
+    }
+    memory
+        .add_document(doc(
+            "acme",
+            "ops",
+            "doc:walk",
+            "Walkround: the valve was checked along with the pumps, fans, \
+             belts, filters, gauges and the rest of hall 3.",
+        ))
+        .await
+        .unwrap();
+    let hits = memory.search("acme", "ops", "valve V7", 5).await.unwrap();
+    let sources: Vec<&str> = hits.iter().map(|h| h.source.as_str()).collect();
+    assert_eq!(sources, ["doc:walk"]);
+    let hits = memory.search("globex", "ops", "valve", 50).await.unwrap();
+    assert_eq!(hits.len(), 50);
+    assert!(
+        hits.iter().all(|h| h.source.starts_with("doc:v")),
+        "{hits:?}"
+    );
+}
