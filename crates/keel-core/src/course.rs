@@ -34,11 +34,6 @@ pub struct Course {
     pub goals: Vec<String>,
     #[serde(default)]
     pub trace: Vec<StepTrace>,
-    /// Tool calls the run has made in all (the trace keeps only the recent ones).
-    #[serde(default)]
-    pub calls_seen: u32,
-    #[serde(default)]
-    pub distinct_tools: std::collections::BTreeSet<String>,
     /// Results that passed verification: what a reset keeps as known.
     #[serde(default)]
     pub progress: Vec<Progress>,
@@ -82,8 +77,6 @@ pub struct Course {
     /// Index into the loop-detection call history where the last compaction happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compacted_at_call: Option<usize>,
-    #[serde(default)]
-    pub compactions: u32,
     /// Pre-routing already decided for this run.
     #[serde(default)]
     pub routed: bool,
@@ -109,9 +102,7 @@ pub struct SideEffect {
 pub struct Checkpoint {
     pub id: String,
     pub step: u32,
-    /// History length when taken.
-    pub history_len: usize,
-    /// The context view then, closed at `history_len`.
+    /// The context view then, closed at the history's length at the time.
     pub view: Vec<Piece>,
     /// The drift score was fine when it was taken (deep drift restores to such a one).
     pub on_track: bool,
@@ -123,8 +114,6 @@ impl Course {
     }
 
     pub fn push_trace(&mut self, t: StepTrace) {
-        self.calls_seen += 1;
-        self.distinct_tools.insert(t.tool.clone());
         push_bounded(&mut self.trace, t, TRACE_KEPT);
     }
 

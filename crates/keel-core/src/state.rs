@@ -76,6 +76,18 @@ pub struct Waiting {
 }
 
 impl Waiting {
+    /// The held call, as the model made it (`clarify` for a clarification).
+    pub fn call(&self) -> keel_protocol::ToolCall {
+        keel_protocol::ToolCall {
+            id: self.call_id.clone(),
+            name: match self.kind {
+                WaitKind::Clarify => crate::clarify::CLARIFY_TOOL.into(),
+                WaitKind::MissingArguments => self.tool.clone(),
+            },
+            arguments: String::new(),
+        }
+    }
+
     /// The run's public `pending` field.
     pub fn pending(&self) -> Value {
         json!({

@@ -117,7 +117,6 @@ impl RunActor {
             .course
             .view
             .replace_prefix(&self.history, cut, head);
-        self.state.course.compactions += 1;
         self.state.course.compacted_at_call = Some(self.state.calls.records().len());
         let after = self
             .agent

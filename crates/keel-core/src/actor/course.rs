@@ -300,7 +300,6 @@ impl RunActor {
         let checkpoint = Checkpoint {
             id: id.clone(),
             step: self.steps,
-            history_len: self.history.len(),
             view: self.state.course.view.frozen(self.history.len()),
             on_track: self.state.course.last_score.is_none_or(|s| s >= threshold),
         };

@@ -247,16 +247,10 @@ impl RunActor {
     /// Abandons the pending question and returns the run to a checkpoint.
     async fn restore_while_waiting(&mut self, id: &str) -> Result<Flow, Exit> {
         if let Some(w) = self.state.waiting.take() {
-            let call = ToolCall {
-                id: w.call_id,
-                name: match w.kind {
-                    crate::state::WaitKind::Clarify => crate::clarify::CLARIFY_TOOL.into(),
-                    crate::state::WaitKind::MissingArguments => w.tool,
-                },
-                arguments: String::new(),
-            };
-            let result =
-                synthetic_result(&call, "not executed: the run was restored to a checkpoint");
+            let result = synthetic_result(
+                &w.call(),
+                "not executed: the run was restored to a checkpoint",
+            );
             self.commit_status(Vec::new(), vec![result], RunStatus::Running, None)
                 .await?;
         }

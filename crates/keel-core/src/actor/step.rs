@@ -676,15 +676,7 @@ impl RunActor {
         };
         self.commit_status(Vec::new(), Vec::new(), RunStatus::Running, None)
             .await?;
-        let call = ToolCall {
-            id: w.call_id.clone(),
-            name: if w.kind == WaitKind::Clarify {
-                CLARIFY_TOOL.into()
-            } else {
-                w.tool.clone()
-            },
-            arguments: String::new(),
-        };
+        let call = w.call();
         let merged = match w.kind {
             WaitKind::MissingArguments => self
                 .shared
