@@ -37,6 +37,12 @@ struct Inner {
     model: BertModel,
     tokenizer: Tokenizer,
     device: Device,
+    /// One thread for single texts (search queries). A query is a few
+    /// tokens: splitting its small matrix products across cores costs more
+    /// in coordination than it saves, and the search that is waiting for
+    /// it runs its text half on the other core meanwhile. Batches (chunks
+    /// being indexed) use every core. `None` if the pool could not start.
+    query_pool: Option<rayon::ThreadPool>,
 }
 
 impl LocalEmbedder {
@@ -79,6 +85,12 @@ impl LocalEmbedder {
                 model,
                 tokenizer,
                 device,
+                query_pool: rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .thread_name(|_| "keel-embed-query".to_owned())
+                    .build()
+                    .map_err(|e| tracing::warn!(error = %e, "no query embedding thread; queries use the shared pool"))
+                    .ok(),
             }),
             name: format!("local/{name}"),
             dim: config.hidden_size,
@@ -152,6 +164,9 @@ impl Embedder for LocalEmbedder {
         let texts = texts.to_vec();
         // The forward pass is CPU-bound for milliseconds to seconds.
         tokio::task::spawn_blocking(move || {
+            if let ([_], Some(pool)) = (texts.as_slice(), &inner.query_pool) {
+                return pool.install(|| inner.embed_batch(&texts));
+            }
             let mut out = Vec::with_capacity(texts.len());
             for batch in texts.chunks(BATCH) {
                 out.extend(inner.embed_batch(batch)?);
