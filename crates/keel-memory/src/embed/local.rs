@@ -42,7 +42,7 @@ struct Inner {
     /// cores, taken in turn. A query is a few tokens: splitting its small
     /// matrix products across cores costs more in coordination than it
     /// saves (measured at 100k chunks: p99 of a whole search 25–27 ms on
-    /// one thread, 30–36 ms on two), and the search waiting for it runs its
+    /// one thread, median 32 ms on two), and the search waiting for it runs its
     /// text search on another core meanwhile. Batches (chunks being
     /// indexed) use every core. Empty if no pool could start.
     query_pools: Vec<rayon::ThreadPool>,
