@@ -128,6 +128,11 @@ pub struct ProviderConfig {
     /// `kind = "local"`: inference threads (default: available cores, at most 4).
     #[serde(default)]
     pub threads: Option<u32>,
+    /// `kind = "local"`: run a Q4_1 GGUF from a Q8_0 copy written once
+    /// beside it (default true): llama.cpp's CPU kernels are much faster
+    /// for Q8_0, at the cost of the copy's disk space and ~25% more memory.
+    #[serde(default)]
+    pub requantize_q4_1: Option<bool>,
     /// Output token budget per model call when the loop names none.
     #[serde(default)]
     pub max_output_tokens: Option<u32>,

@@ -131,6 +131,7 @@ static PROVIDER: &[Field] = &[
     opt("backoff_ms", U64),
     opt("model_path", Ty::Str),
     opt("threads", U32),
+    opt("requantize_q4_1", Ty::Bool),
     opt("max_output_tokens", U32),
 ];
 
@@ -653,6 +654,7 @@ mod tests {
                 backoff_ms: 1,
                 model_path: Some("m.gguf".into()),
                 threads: Some(2),
+                requantize_q4_1: Some(false),
                 max_output_tokens: Some(64),
             }],
             agents: vec![AgentConfig {

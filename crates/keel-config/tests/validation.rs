@@ -463,3 +463,32 @@ enabled = false
     );
     assert!(keys(&r).is_empty(), "{}", messages(&r));
 }
+
+#[test]
+fn local_provider_weight_copy_can_be_turned_off_and_wrong_types_name_the_key() {
+    let on = load_str(
+        "[[providers]]\nname = \"l\"\nkind = \"local\"\nmodel = \"smollm2-135m\"\n",
+        "keel.toml",
+        &MapEnv::new(),
+    )
+    .unwrap();
+    assert_eq!(on.config.providers[0].requantize_q4_1, None);
+    let off = load_str(
+        "[[providers]]\nname = \"l\"\nkind = \"local\"\nmodel = \"smollm2-135m\"\nrequantize_q4_1 = false\n",
+        "keel.toml",
+        &MapEnv::new(),
+    )
+    .unwrap();
+    assert_eq!(off.config.providers[0].requantize_q4_1, Some(false));
+    let wrong = load_str(
+        "[[providers]]\nname = \"l\"\nkind = \"local\"\nmodel = \"smollm2-135m\"\nrequantize_q4_1 = \"no\"\n",
+        "keel.toml",
+        &MapEnv::new(),
+    );
+    assert_eq!(
+        keys(&wrong),
+        [k(E, "providers[0].requantize_q4_1")],
+        "{}",
+        messages(&wrong)
+    );
+}

@@ -14,6 +14,9 @@ pub fn client(p: &ProviderConfig, data_dir: &Path) -> anyhow::Result<Arc<dyn Mod
     let path = resolve(p, data_dir)?;
     let mut settings = LocalSettings::new(path, p.model.clone());
     settings.threads = p.threads;
+    if let Some(requantize) = p.requantize_q4_1 {
+        settings.requantize_q4_1 = requantize;
+    }
     settings.context_window = p.context_window;
     if let Some(max) = p.max_output_tokens {
         settings.max_output_tokens = max;
