@@ -41,6 +41,18 @@ struct Keel {
 /// `keel serve` with a local provider; `agent` is TOML for the agent
 /// (its `tools` and limits), `tools` the tool definitions.
 async fn start(agent: &str, tools: &str, max_output_tokens: u32) -> Keel {
+    start_with(&gguf(), "", agent, tools, max_output_tokens).await
+}
+
+/// As [`start`], running the GGUF at `model` with `provider` (TOML lines)
+/// added to the provider.
+async fn start_with(
+    model: &Path,
+    provider: &str,
+    agent: &str,
+    tools: &str,
+    max_output_tokens: u32,
+) -> Keel {
     let tmp = tempfile::tempdir().unwrap();
     let config = format!(
         r#"
@@ -56,6 +68,7 @@ model_path = "{gguf}"
 threads = 1
 context_window = 2048
 max_output_tokens = {max_output_tokens}
+{provider}
 
 [[agents]]
 id = "default"
@@ -66,7 +79,7 @@ system_prompt = "You are the plant operations assistant. Answer briefly."
 {tools}
 "#,
         dir = tmp.path().display(),
-        gguf = gguf().display(),
+        gguf = model.display(),
     );
     let path = tmp.path().join("keel.toml");
     std::fs::write(&path, config).unwrap();
@@ -334,4 +347,26 @@ async fn zero_config_first_run_answers_offline() {
         stdout.contains("smollm2-135m") && stdout.contains("present at ./data/models"),
         "{stdout}"
     );
+}
+
+/// `requantize_q4_1` in keel.toml decides whether the Q4_1 model runs from
+/// a Q8_0 copy written beside it: on by default, none with `false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_q8_0_weight_copy_follows_the_config() {
+    for (setting, copies) in [("requantize_q4_1 = false", 0), ("", 1)] {
+        let models = tempfile::tempdir().unwrap();
+        let model = models.path().join("model.gguf");
+        if std::fs::hard_link(gguf(), &model).is_err() {
+            std::fs::copy(gguf(), &model).unwrap();
+        }
+        let keel = start_with(&model, setting, "", "", 64).await;
+        let id = keel.start_run("Say hello.").await;
+        keel.events_until(&id, |f| f.event == "run_completed").await;
+        let written: Vec<String> = std::fs::read_dir(models.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".q8_0"))
+            .collect();
+        assert_eq!(written.len(), copies, "{setting:?}: {written:?}");
+    }
 }
