@@ -80,7 +80,7 @@ impl Embedder for FixedEmbedder {
 /// the vectors it is compared with are random, so the ranking means
 /// nothing, but the time is a real search's (the query's embedding, then
 /// the search).
-struct RealQueries(LocalEmbedder);
+struct RealQueries(Arc<LocalEmbedder>);
 
 #[async_trait]
 impl Embedder for RealQueries {
@@ -136,12 +136,17 @@ fn document(vocab: &[String], rng: &mut SplitMix) -> String {
     text
 }
 
-fn build(rt: &tokio::runtime::Runtime, dir: &std::path::Path, chunks: usize) -> Arc<dyn Memory> {
-    let settings = Settings {
+/// Chunks of `CHUNK_TOKENS`, no overlap: the bench's chunk count is exact.
+fn settings() -> Settings {
+    Settings {
         chunk_tokens: CHUNK_TOKENS,
         chunk_overlap: 0,
         ..Settings::default()
-    };
+    }
+}
+
+fn build(rt: &tokio::runtime::Runtime, dir: &std::path::Path, chunks: usize) -> Arc<dyn Memory> {
+    let settings = settings();
     let embedder: Arc<dyn Embedder> = Arc::new(FixedEmbedder);
     let memory = rt
         .block_on(keel_memory::open_with(
@@ -267,16 +272,13 @@ fn search(c: &mut Criterion) {
     // keel runs them; the model's time alone is printed beside them.
     match LocalEmbedder::load(&model_dir()) {
         Ok(model) => {
+            let model = Arc::new(model);
             let real = rt
                 .block_on(keel_memory::open_with(
                     "",
                     dir.path(),
-                    Some(Arc::new(RealQueries(model))),
-                    Settings {
-                        chunk_tokens: CHUNK_TOKENS,
-                        chunk_overlap: 0,
-                        ..Settings::default()
-                    },
+                    Some(Arc::new(RealQueries(Arc::clone(&model)))),
+                    settings(),
                     None,
                 ))
                 .unwrap();
@@ -289,7 +291,6 @@ fn search(c: &mut Criterion) {
                 whole.push(t.elapsed());
             }
             whole.sort();
-            let model = LocalEmbedder::load(&model_dir()).unwrap();
             let mut embed = Vec::new();
             for q in qs.iter().chain(&qs) {
                 let t = Instant::now();
