@@ -159,6 +159,18 @@ pub enum Routing {
     PreRoute,
 }
 
+/// What a run does when it would ask the user once more than
+/// `max_clarify_rounds` allows (SPEC §4.3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnClarifyExhausted {
+    /// Answer directly, saying what is missing.
+    #[default]
+    Fallback,
+    /// Stay `waiting_input` with `handoff_requested`, for a person to answer.
+    Handoff,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
@@ -173,6 +185,8 @@ pub struct AgentConfig {
     pub routing: Routing,
     #[serde(default)]
     pub limits: Limits,
+    #[serde(default)]
+    pub on_clarify_exhausted: OnClarifyExhausted,
     #[serde(default)]
     pub loop_detection: LoopDetection,
     #[serde(default)]

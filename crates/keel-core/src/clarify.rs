@@ -3,6 +3,7 @@
 //! A clarification is only worth a user's time when it unblocks a concrete
 //! tool call; everything else is answered directly.
 
+use keel_guard::schema::{CompiledSchema, ViolationKind};
 use keel_protocol::{ToolSchema, ToolSpec};
 use serde_json::{Map, Value, json};
 
@@ -151,12 +152,41 @@ pub fn question_for(spec: &ToolSpec, slots: &[String], model_question: Option<&s
     )
 }
 
-/// Merges the user's reply into the pending arguments. A JSON object reply
-/// fills the named slots; with a single slot, the whole reply is its value
-/// (converted to the parameter's type). `None` when the reply does not fit.
-pub fn merge_reply(spec: &ToolSpec, args: &Value, slots: &[String], reply: &str) -> Option<Value> {
+/// Words that answer a question without being a value: a one-word reply
+/// like these is conversation, never an argument.
+const NOT_VALUES: &[&str] = &[
+    "yes", "no", "ok", "okay", "sure", "yep", "nope", "maybe", "thanks", "thank", "hi", "hello",
+    "idk", "dunno", "what", "why", "how", "which", "help", "hmm", "cancel", "stop", "none",
+    "nothing", "unknown", "later", "wait",
+];
+
+/// SPEC §4.3: the user's reply fills a missing slot directly only when the
+/// whole reply is a bare value the tool's schema accepts; anything else
+/// joins the conversation and the model makes the complete call itself.
+///
+/// A bare value is one of:
+/// - a JSON object naming missing slots (`{"furnace_id": "F2"}`);
+/// - with exactly one slot asked: a JSON literal (`12`, `true`,
+///   `"New York"`), a case-insensitive match of one of the slot's `enum`
+///   values, or a single token with no white space and no sentence
+///   punctuation (`USR002`, `TeamNotes.txt`) converted to the slot's type.
+///
+/// A sentence ("Ah I forgot to mention, his user id is USR002.") is never
+/// a bare value, and neither is a conversational word ("sure"). The
+/// merged arguments must pass the schema (missing slots aside), so a value
+/// of the wrong type or outside an enum or pattern is not filled either.
+pub fn direct_fill(
+    spec: &ToolSpec,
+    schema: &CompiledSchema,
+    args: &Value,
+    slots: &[String],
+    reply: &str,
+) -> Option<Value> {
     let mut merged: Map<String, Value> = args.as_object().cloned().unwrap_or_default();
     let reply = reply.trim();
+    if reply.is_empty() || reply.len() > MAX_BARE_VALUE_BYTES || reply.contains('\n') {
+        return None;
+    }
     if let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(reply) {
         let mut filled = false;
         for slot in slots {
@@ -165,33 +195,76 @@ pub fn merge_reply(spec: &ToolSpec, args: &Value, slots: &[String], reply: &str)
                 filled = true;
             }
         }
-        return filled.then_some(Value::Object(merged));
+        return (filled && accepted(schema, &merged)).then_some(Value::Object(merged));
     }
     let [slot] = slots else {
         return None;
     };
-    if reply.is_empty() {
-        return None;
-    }
-    let ty = spec
-        .parameters
-        .get("properties")
-        .and_then(|p| p.get(slot))
+    let param = spec.parameters.get("properties").and_then(|p| p.get(slot));
+    let value = bare_value(param, reply)?;
+    merged.insert(slot.clone(), value);
+    accepted(schema, &merged).then_some(Value::Object(merged))
+}
+
+/// Longest reply that can be a bare value.
+const MAX_BARE_VALUE_BYTES: usize = 256;
+
+fn accepted(schema: &CompiledSchema, args: &Map<String, Value>) -> bool {
+    schema
+        .check(&Value::Object(args.clone()))
+        .iter()
+        .all(|v| matches!(v.kind, ViolationKind::MissingRequired { .. }))
+}
+
+fn bare_value(param: Option<&Value>, reply: &str) -> Option<Value> {
+    let ty = param
         .and_then(|p| p.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("string");
-    let value = match ty {
-        "integer" => Value::from(reply.parse::<i64>().ok()?),
-        "number" => serde_json::Number::from_f64(reply.parse::<f64>().ok()?).map(Value::Number)?,
+    if let Some(options) = param.and_then(|p| p.get("enum")).and_then(Value::as_array) {
+        let quoted = serde_json::from_str::<Value>(reply).ok();
+        return options
+            .iter()
+            .find(|o| match o {
+                Value::String(s) => s.eq_ignore_ascii_case(reply.trim_matches('"')),
+                other => Some(*other) == quoted.as_ref(),
+            })
+            .cloned();
+    }
+    match serde_json::from_str::<Value>(reply) {
+        Ok(Value::String(s)) => return Some(Value::String(s)),
+        Ok(v @ (Value::Number(_) | Value::Bool(_))) if ty != "string" => return Some(v),
+        _ => {}
+    }
+    if !is_token(reply) {
+        return None;
+    }
+    match ty {
+        "integer" => reply.parse::<i64>().ok().map(Value::from),
+        "number" => reply
+            .parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map(Value::Number),
         "boolean" => match reply.to_ascii_lowercase().as_str() {
-            "true" | "yes" | "y" => Value::Bool(true),
-            "false" | "no" | "n" => Value::Bool(false),
-            _ => return None,
+            "true" | "yes" | "y" => Some(Value::Bool(true)),
+            "false" | "no" | "n" => Some(Value::Bool(false)),
+            _ => None,
         },
-        _ => Value::String(reply.to_owned()),
-    };
-    merged.insert(slot.clone(), value);
-    Some(Value::Object(merged))
+        "string" if !NOT_VALUES.contains(&reply.to_ascii_lowercase().as_str()) => {
+            Some(Value::String(reply.to_owned()))
+        }
+        _ => None,
+    }
+}
+
+/// One token: no white space, no sentence punctuation at either end, no
+/// question or exclamation mark anywhere.
+fn is_token(s: &str) -> bool {
+    !s.chars().any(char::is_whitespace)
+        && !s.contains(['?', '!'])
+        && !s.ends_with(['.', ',', ';', ':'])
+        && !s.starts_with(['"', '\'', '(', '['])
 }
 
 #[cfg(test)]
@@ -266,39 +339,86 @@ mod tests {
         );
     }
 
-    #[test]
-    fn reply_merges_into_single_slot_with_type() {
+    fn fill(args: Value, slots: &[&str], reply: &str) -> Option<Value> {
         let s = spec();
+        let schema = CompiledSchema::compile(&s.parameters).unwrap();
+        let slots: Vec<String> = slots.iter().map(|s| s.to_string()).collect();
+        direct_fill(&s, &schema, &args, &slots, reply)
+    }
+
+    #[test]
+    fn a_bare_value_fills_the_one_slot_with_its_type() {
         let args = json!({"furnace_id":"F2"});
         assert_eq!(
-            merge_reply(&s, &args, &["hours".into()], " 12 ").unwrap(),
+            fill(args.clone(), &["hours"], " 12 ").unwrap(),
             json!({"furnace_id":"F2","hours":12})
         );
-        assert_eq!(merge_reply(&s, &args, &["hours".into()], "twelve"), None);
+        assert_eq!(fill(args.clone(), &["hours"], "twelve"), None);
+        assert_eq!(fill(args, &["hours"], "12 hours"), None);
         assert_eq!(
-            merge_reply(&s, &json!({}), &["furnace_id".into()], "F7").unwrap(),
+            fill(json!({}), &["furnace_id"], "F7").unwrap(),
             json!({"furnace_id":"F7"})
+        );
+        assert_eq!(
+            fill(json!({}), &["furnace_id"], "\"Furnace Seven\"").unwrap(),
+            json!({"furnace_id":"Furnace Seven"})
+        );
+    }
+
+    #[test]
+    fn sentences_and_chatter_never_fill_a_slot() {
+        for reply in [
+            "Ah I forget to mention, his user id is USR002.",
+            "The document name should be 'TeamNotes.txt'.",
+            "I forgot to tell you, it's in business class, estimated at $1,200",
+            "F7.",
+            "F7?",
+            "sure",
+            "OK",
+            "F2\nF3",
+            "",
+        ] {
+            assert_eq!(fill(json!({}), &["furnace_id"], reply), None, "{reply:?}");
+        }
+    }
+
+    #[test]
+    fn enum_slots_take_only_their_values() {
+        let s = ToolSpec::new(
+            "book",
+            "",
+            json!({"type":"object","properties":{"class":{"type":"string","enum":["economy","business"]}},"required":["class"]}),
+        );
+        let schema = CompiledSchema::compile(&s.parameters).unwrap();
+        let slots = vec!["class".to_string()];
+        assert_eq!(
+            direct_fill(&s, &schema, &json!({}), &slots, "Business").unwrap(),
+            json!({"class":"business"})
+        );
+        assert_eq!(direct_fill(&s, &schema, &json!({}), &slots, "first"), None);
+        assert_eq!(
+            direct_fill(&s, &schema, &json!({}), &slots, "it's in business class"),
+            None
         );
     }
 
     #[test]
     fn reply_as_json_object_fills_several_slots() {
-        let s = spec();
-        let m = merge_reply(
-            &s,
-            &json!({}),
-            &["furnace_id".into(), "hours".into()],
+        let m = fill(
+            json!({}),
+            &["furnace_id", "hours"],
             r#"{"furnace_id":"F1","hours":3}"#,
         );
         assert_eq!(m.unwrap(), json!({"furnace_id":"F1","hours":3}));
+        assert_eq!(fill(json!({}), &["furnace_id", "hours"], "F1 and 3"), None);
         assert_eq!(
-            merge_reply(
-                &s,
-                &json!({}),
-                &["furnace_id".into(), "hours".into()],
-                "F1 and 3"
+            fill(
+                json!({}),
+                &["furnace_id", "hours"],
+                r#"{"furnace_id":"F1","hours":"three"}"#
             ),
-            None
+            None,
+            "a value the schema refuses is not filled"
         );
     }
 

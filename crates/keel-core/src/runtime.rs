@@ -325,6 +325,12 @@ impl Runtime {
                 )));
             }
         }
+        // Compiled once here so that a schema that cannot work is a clear
+        // error before the run starts, never a surprise mid-run.
+        crate::pipeline::client_tools(&client_tools).map_err(|e| match e {
+            CoreError::Config(m) => CoreError::BadRequest(format!("tools: {m}")),
+            other => other,
+        })?;
         let (record, created) = self.shared.store.create_run(new).await?;
         if created {
             let mut first = record.clone();

@@ -73,6 +73,9 @@ pub struct Waiting {
     pub slots: Vec<String>,
     pub question: String,
     pub round: u32,
+    /// Clarification rounds ran out and the question went to a person.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handoff: bool,
 }
 
 impl Waiting {
@@ -90,13 +93,19 @@ impl Waiting {
 
     /// The run's public `pending` field.
     pub fn pending(&self) -> Value {
-        json!({
+        let mut pending = json!({
             "type": "input",
             "question": self.question,
             "tool": self.tool,
             "missing_slots": self.slots,
             "round": self.round,
-        })
+        });
+        if self.handoff
+            && let Some(p) = pending.as_object_mut()
+        {
+            p.insert("handoff".into(), Value::Bool(true));
+        }
+        pending
     }
 }
 

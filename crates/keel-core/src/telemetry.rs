@@ -27,7 +27,7 @@ pub fn record(agent: &str, events: &[Event]) {
             }
             EventKind::RunCompleted { reason, .. } => {
                 metrics::counter!("keel_runs_total", "status" => "completed").increment(1);
-                finished(agent, reason == "answered");
+                finished(agent, *reason == keel_protocol::CompletionReason::Answered);
             }
             EventKind::RunFailed { .. } => {
                 metrics::counter!("keel_runs_total", "status" => "failed").increment(1);

@@ -1,8 +1,11 @@
 //! `before_tool_call` hooks (SPEC §4.5): ordered checks that may block a
-//! call or rewrite its arguments before the policy gate sees it. Configured
-//! hooks are plain synchronous logic; the trait is async so that hooks
-//! written in code may consult something slower. Running the chain (order,
-//! timeouts, failing closed) is the orchestrator's job.
+//! call or rewrite its arguments before the policy gate sees it.
+//!
+//! Hooks are synchronous and must not do I/O: they run inside the guard
+//! pipeline, which is one pure function of the call, the tool set and the
+//! run, so that every entry path decides the same way and the decision can
+//! be tested without a runtime. Running the chain (order, failing closed)
+//! is the pipeline's job.
 
 use keel_config::{HookConfig, HookKind, tool_pattern_matches};
 use keel_protocol::Principal;
@@ -35,10 +38,9 @@ pub enum HookError {
     Failed(String),
 }
 
-#[async_trait::async_trait]
 pub trait BeforeToolCall: Send + Sync {
     fn name(&self) -> &str;
-    async fn before_tool_call(&self, call: &HookCall<'_>) -> Result<HookAction, HookError>;
+    fn before_tool_call(&self, call: &HookCall<'_>) -> Result<HookAction, HookError>;
 }
 
 /// A hook built from one `[[hooks]]` entry.
@@ -161,13 +163,12 @@ impl ConfigHook {
     }
 }
 
-#[async_trait::async_trait]
 impl BeforeToolCall for ConfigHook {
     fn name(&self) -> &str {
         &self.name
     }
 
-    async fn before_tool_call(&self, call: &HookCall<'_>) -> Result<HookAction, HookError> {
+    fn before_tool_call(&self, call: &HookCall<'_>) -> Result<HookAction, HookError> {
         self.apply(call)
     }
 }

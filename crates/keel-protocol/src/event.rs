@@ -43,6 +43,93 @@ impl Decision {
     }
 }
 
+/// What a `react_feedback` event reports: a correction fed back to the
+/// model or the loop (SPEC §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeedbackCode {
+    ClarifyWithoutActionableTool,
+    MissingRequiredArguments,
+    InvalidArguments,
+    UnknownTool,
+    ToolError,
+    DeniedByPolicy,
+    ApprovalDenied,
+    VerifyFailed,
+    LoopWarning,
+    LoopBlocked,
+    BudgetExhausted,
+    DriftCorrection,
+    CheckpointRestored,
+}
+
+impl FeedbackCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ClarifyWithoutActionableTool => "clarify_without_actionable_tool",
+            Self::MissingRequiredArguments => "missing_required_arguments",
+            Self::InvalidArguments => "invalid_arguments",
+            Self::UnknownTool => "unknown_tool",
+            Self::ToolError => "tool_error",
+            Self::DeniedByPolicy => "denied_by_policy",
+            Self::ApprovalDenied => "approval_denied",
+            Self::VerifyFailed => "verify_failed",
+            Self::LoopWarning => "loop_warning",
+            Self::LoopBlocked => "loop_blocked",
+            Self::BudgetExhausted => "budget_exhausted",
+            Self::DriftCorrection => "drift_correction",
+            Self::CheckpointRestored => "checkpoint_restored",
+        }
+    }
+}
+
+impl std::fmt::Display for FeedbackCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a run completed (`run_completed.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompletionReason {
+    /// The model answered.
+    Answered,
+    /// The run answered without tools because it could not go on with them
+    /// (a clarification that unblocked nothing, repairs or questions used up).
+    Fallback,
+    /// A budget ran out; the answer is from what was known.
+    BudgetExhausted,
+    /// Loop detection ended the run.
+    LoopBlocked,
+}
+
+impl CompletionReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Answered => "answered",
+            Self::Fallback => "fallback",
+            Self::BudgetExhausted => "budget_exhausted",
+            Self::LoopBlocked => "loop_blocked",
+        }
+    }
+}
+
+impl std::fmt::Display for CompletionReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A client tool call handed to the caller (`waiting_client_tool.calls`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientCall {
+    pub call_id: String,
+    pub name: String,
+    /// The arguments as JSON text, as the Responses API carries them.
+    pub arguments: String,
+}
+
 /// One call as the model proposed it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlannedCall {
@@ -137,7 +224,7 @@ pub enum EventKind {
     },
     ReactFeedback {
         step: u32,
-        code: String,
+        code: FeedbackCode,
         detail: String,
     },
     ClarificationNeeded {
@@ -146,6 +233,20 @@ pub enum EventKind {
         tool: Option<String>,
         missing_slots: Vec<String>,
         round: u32,
+    },
+    /// Clarification rounds ran out and the agent hands the question to a
+    /// person, who answers through the same input endpoint.
+    HandoffRequested {
+        question: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool: Option<String>,
+        missing_slots: Vec<String>,
+        reason: String,
+    },
+    /// The run handed client tool calls to the caller and waits for their
+    /// outputs.
+    WaitingClientTool {
+        calls: Vec<ClientCall>,
     },
     ApprovalRequired {
         approval_id: String,
@@ -201,7 +302,7 @@ pub enum EventKind {
         answer: String,
     },
     RunCompleted {
-        reason: String,
+        reason: CompletionReason,
         usage: Usage,
     },
     RunFailed {
@@ -224,6 +325,8 @@ impl EventKind {
             Self::Verify { .. } => "verify",
             Self::ReactFeedback { .. } => "react_feedback",
             Self::ClarificationNeeded { .. } => "clarification_needed",
+            Self::HandoffRequested { .. } => "handoff_requested",
+            Self::WaitingClientTool { .. } => "waiting_client_tool",
             Self::ApprovalRequired { .. } => "approval_required",
             Self::ApprovalResolved { .. } => "approval_resolved",
             Self::LoopDetected { .. } => "loop_detected",
@@ -270,7 +373,7 @@ mod tests {
     fn type_name_matches_serialized_tag() {
         let k = EventKind::ReactFeedback {
             step: 1,
-            code: "unknown_tool".into(),
+            code: FeedbackCode::UnknownTool,
             detail: String::new(),
         };
         let v = serde_json::to_value(&k).unwrap();

@@ -14,11 +14,13 @@ pub mod store;
 pub mod tool;
 
 pub use coord::{Coordination, Notice, Notices, QueuedCommand, SingleNode};
-pub use event::{Action, Decision, Event, EventKind, PlannedCall};
+pub use event::{
+    Action, ClientCall, CompletionReason, Decision, Event, EventKind, FeedbackCode, PlannedCall,
+};
 pub use message::{Message, ToolCall};
 pub use model::{ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolSchema};
 pub use principal::Principal;
-pub use run::{ErrorBody, RunRecord, RunStatus, Usage};
+pub use run::{Budget, ErrorBody, RunRecord, RunStatus, Usage};
 pub use store::{
     ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, NewRun, RunFilter, RunPage, RunPatch,
     Store, StoreError,

@@ -55,6 +55,36 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
+/// A budget of a run (SPEC §4.11); when one runs out the run answers from
+/// what is known and completes with `budget_exhausted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Budget {
+    MaxSteps,
+    MaxToolCalls,
+    MaxWallTime,
+    MaxTokens,
+    MaxContextChars,
+}
+
+impl Budget {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MaxSteps => "max_steps",
+            Self::MaxToolCalls => "max_tool_calls",
+            Self::MaxWallTime => "max_wall_time",
+            Self::MaxTokens => "max_tokens",
+            Self::MaxContextChars => "max_context_chars",
+        }
+    }
+}
+
+impl std::fmt::Display for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The `{"code","message"}` pair used both in HTTP errors and in `run_failed`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {

@@ -337,7 +337,6 @@ fn guards(config: &Config) -> anyhow::Result<Guards> {
     Ok(Guards {
         policy,
         hooks,
-        hook_timeout: keel_core::guards::DEFAULT_HOOK_TIMEOUT,
         verifier: Verifier::new(&config.verify),
     })
 }

@@ -164,12 +164,16 @@ async fn clarify_for_a_real_tool_asks_and_the_answer_reaches_the_model() {
     assert_eq!(code, 202);
     let run = keel.wait_status(&id, "completed", None).await;
     assert_eq!(run["output"], "F3 is running.");
+    // The answer joins the conversation as the user's own message, after
+    // the clarify call's result, and the model makes the call from it.
     let second = &model.requests()[1];
     let msgs = second["messages"].as_array().unwrap();
-    assert!(
-        msgs.iter()
-            .any(|m| m["role"] == "tool" && m["content"].as_str().unwrap().contains("F3"))
+    let last = msgs.last().unwrap();
+    assert_eq!(
+        (&last["role"], &last["content"]),
+        (&json!("user"), &json!("F3"))
     );
+    assert_eq!(msgs[msgs.len() - 2]["role"], "tool");
     assert!(model.violations().is_empty(), "{:?}", model.violations());
 }
 

@@ -6,12 +6,14 @@
 use std::time::Duration;
 
 use keel_protocol::{
-    ApprovalRecord, ApprovalStatus, Decision, EventKind, Risk, RunPatch, RunStatus, StoreError,
+    ApprovalRecord, ApprovalStatus, EventKind, FeedbackCode, Risk, RunPatch, RunStatus, StoreError,
     ToolCall,
 };
 use serde_json::Value;
 
+use super::apply::CallFlow;
 use super::{Exit, Flow, RunActor, synthetic_result};
+use crate::pipeline::Origin;
 use crate::runtime::Command;
 use crate::state::AwaitingApproval;
 
@@ -21,13 +23,14 @@ const POLL: Duration = Duration::from_secs(2);
 
 impl RunActor {
     /// Persists a pending approval and moves the run to `waiting_approval`.
+    /// `events` announce the decision (`policy_decision approve`).
     pub(super) async fn request_approval(
         &mut self,
         call: &ToolCall,
         args: Value,
         risk: Risk,
-        rule: String,
         reason: String,
+        mut events: Vec<EventKind>,
     ) -> Result<(), Exit> {
         let now = keel_protocol::now();
         let timeout = chrono::Duration::from_std(self.shared.options.approval_timeout)
@@ -58,22 +61,13 @@ impl RunActor {
         };
         let pending = awaiting.pending(risk.as_str(), &reason);
         self.state.awaiting_approval = Some(awaiting);
-        let events = vec![
-            EventKind::PolicyDecision {
-                step: self.steps,
-                decision: Decision::Approve,
-                reason: reason.clone(),
-                rule,
-                call_id: Some(call.id.clone()),
-            },
-            EventKind::ApprovalRequired {
-                approval_id: record.id.clone(),
-                tool: call.name.clone(),
-                arguments: args,
-                risk: risk.as_str().into(),
-                reason,
-            },
-        ];
+        events.push(EventKind::ApprovalRequired {
+            approval_id: record.id.clone(),
+            tool: call.name.clone(),
+            arguments: args,
+            risk: risk.as_str().into(),
+            reason,
+        });
         self.status = RunStatus::WaitingApproval;
         let patch = RunPatch {
             status: Some(RunStatus::WaitingApproval),
@@ -180,15 +174,20 @@ impl RunActor {
             arguments: a.arguments.to_string(),
         };
         if record.status == ApprovalStatus::Approved {
-            let decision = EventKind::PolicyDecision {
-                step: self.steps,
-                decision: Decision::Execute,
-                reason: format!("approved by {by}"),
-                rule: "approved".into(),
-                call_id: Some(call.id.clone()),
-            };
-            self.usage_check_then_execute(&call, a.arguments, vec![decision])
-                .await?;
+            // The approved call passes the pipeline again: the tool set or
+            // the budgets may have changed while it waited, and denials
+            // still apply. The approval satisfies the approval stage.
+            let snapshot = self.snapshot();
+            let flow = self.decide(&call, &snapshot, Origin::Approved).await?;
+            self.flush_notes().await?;
+            match flow {
+                CallFlow::Done(answer) => return Ok(Flow::Answered(answer)),
+                CallFlow::Wait => self.enter_waiting().await?,
+                CallFlow::Next | CallFlow::WaitApproval => {}
+            }
+            if !self.state.client_waiting.is_empty() {
+                self.enter_client_wait().await?;
+            }
         } else {
             let why = if record.status == ApprovalStatus::Expired {
                 "the approval expired without a decision".to_owned()
@@ -199,7 +198,7 @@ impl RunActor {
             };
             let feedback = EventKind::ReactFeedback {
                 step: self.steps,
-                code: "approval_denied".into(),
+                code: FeedbackCode::ApprovalDenied,
                 detail: why.clone(),
             };
             let result = synthetic_result(
@@ -211,17 +210,5 @@ impl RunActor {
             self.commit(vec![feedback], vec![result]).await?;
         }
         Ok(Flow::Continue)
-    }
-
-    async fn usage_check_then_execute(
-        &mut self,
-        call: &ToolCall,
-        args: Value,
-        events: Vec<EventKind>,
-    ) -> Result<(), Exit> {
-        if self.usage.tool_calls >= u64::from(self.agent.config.limits.max_tool_calls) {
-            return Err(Exit::Budget("max_tool_calls"));
-        }
-        self.execute(call, args, events).await
     }
 }

@@ -283,7 +283,7 @@ impl RunActor {
             let correction = correction_text(&self.goal_text(), &r);
             events.push(EventKind::ReactFeedback {
                 step: self.steps,
-                code: "drift_correction".into(),
+                code: keel_protocol::FeedbackCode::DriftCorrection,
                 detail: format!("{} (trigger: {})", r.note, trigger.as_str()),
             });
             messages.push(Message::system(correction));
@@ -404,7 +404,7 @@ impl RunActor {
         course.watching = false;
         let event = EventKind::ReactFeedback {
             step: self.steps,
-            code: "checkpoint_restored".into(),
+            code: keel_protocol::FeedbackCode::CheckpointRestored,
             detail: format!("restored to {} (step {}): {why}", cp.id, cp.step),
         };
         self.commit(vec![event], Vec::new()).await
@@ -458,16 +458,6 @@ impl RunActor {
         if !spec.idempotent {
             self.record_side_effect(&call.name, fingerprint, shown);
         }
-    }
-
-    /// The earlier result of a side-effecting call a restore forbids repeating.
-    pub(super) fn forbidden_repeat(&self, fingerprint: &str) -> Option<SideEffect> {
-        self.state
-            .course
-            .no_repeat
-            .iter()
-            .find(|s| s.fingerprint == fingerprint)
-            .cloned()
     }
 
     pub(super) fn record_side_effect(&mut self, tool: &str, fingerprint: String, result: &str) {

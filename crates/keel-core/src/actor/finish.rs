@@ -1,59 +1,25 @@
-//! How a run ends: answered, answered without tools (fallback or budget),
-//! failed, or cancelled. Each ending closes every open tool call first.
+//! How a run ends besides a model answer: answered without tools (fallback
+//! or budget), failed, or cancelled. Each ending closes every open tool
+//! call first.
 
-use keel_protocol::{Decision, ErrorBody, EventKind, Message, RunPatch, RunStatus};
+use keel_protocol::{
+    Budget, CompletionReason, Decision, ErrorBody, EventKind, FeedbackCode, RunPatch, RunStatus,
+};
 
-use super::{Exit, Flow, RunActor, synthetic_result};
+use super::{Answer, Exit, RunActor, synthetic_result};
 use crate::prompt;
 
 /// Time allowed for the closing tool-less call after the wall-time budget ran out.
 const CLOSING_CALL_SECS: u64 = 60;
 
 impl RunActor {
-    /// A model answer: completes the run, unless follow-ups are queued.
-    pub(super) async fn finish_answer(&mut self, text: String, reason: &str) -> Result<Flow, Exit> {
-        self.drain_commands();
-        let answer = Message::Assistant {
-            content: text.clone(),
-            tool_calls: Vec::new(),
-        };
-        if let Some(next) = self.state.follow_ups.pop_front() {
-            self.state.course.goals.push(next.clone());
-            let events = vec![
-                EventKind::Final { answer: text },
-                EventKind::FollowUpStarted { text: next.clone() },
-            ];
-            self.commit(events, vec![answer, Message::user(next)])
-                .await?;
-            return Ok(Flow::Continue);
-        }
-        let events = vec![
-            EventKind::Final {
-                answer: text.clone(),
-            },
-            EventKind::RunCompleted {
-                reason: reason.into(),
-                usage: self.usage,
-            },
-        ];
-        self.status = RunStatus::Completed;
-        let patch = RunPatch {
-            status: Some(RunStatus::Completed),
-            output: Some(text),
-            pending: Some(serde_json::Value::Null),
-            ..RunPatch::default()
-        };
-        self.commit_patch(events, vec![answer], patch).await?;
-        Ok(Flow::Done)
-    }
-
-    /// One model call with no tools offered; its text is the final answer.
-    pub(super) async fn finish_without_tools(
+    /// One model call with no tools offered; its text is the answer.
+    pub(super) async fn answer_without_tools(
         &mut self,
         fallback_rule: Option<&str>,
         note: &str,
-        reason: &str,
-    ) -> Result<Flow, Exit> {
+        reason: CompletionReason,
+    ) -> Result<Answer, Exit> {
         self.close_unanswered("not executed: the run is answering without tools")
             .await?;
         if let Some(rule) = fallback_rule {
@@ -86,15 +52,19 @@ impl RunActor {
                     other => other,
                 })?;
         // Whatever the model did, no tool runs now: its text is the answer.
-        self.finish_answer(response.text, reason).await
+        Ok(Answer {
+            text: response.text,
+            reason,
+        })
     }
 
-    /// SPEC §4.11: a budget ends the run gracefully with an answer from what is known.
-    pub(super) async fn finish_budget(&mut self, which: &'static str) -> Result<(), Exit> {
+    /// SPEC §4.11: a budget ends the run gracefully with an answer from what
+    /// is known; queued follow-ups get the same treatment.
+    pub(super) async fn finish_budget(&mut self, which: Budget) -> Result<(), Exit> {
         self.state.waiting = None;
         let feedback = EventKind::ReactFeedback {
             step: self.steps,
-            code: "budget_exhausted".into(),
+            code: FeedbackCode::BudgetExhausted,
             detail: format!("{which} reached"),
         };
         self.close_unanswered("not executed: the run's budget is exhausted")
@@ -105,13 +75,11 @@ impl RunActor {
              so far, and say plainly what is incomplete."
         );
         loop {
-            match self
-                .finish_without_tools(None, &note, "budget_exhausted")
-                .await?
-            {
-                Flow::Done => return Ok(()),
-                // A queued follow-up was started; it gets the same treatment.
-                Flow::Continue => continue,
+            let answer = self
+                .answer_without_tools(None, &note, CompletionReason::BudgetExhausted)
+                .await?;
+            if !self.conclude(answer).await? {
+                return Ok(());
             }
         }
     }

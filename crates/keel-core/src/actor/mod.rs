@@ -4,39 +4,48 @@
 //! Every change is committed to the store before its events are published,
 //! and every tool call gets exactly one result in the history, whatever
 //! happens to it (executed, refused, skipped by steering, cancelled).
+//!
+//! Every call, from every path, is judged by `pipeline::evaluate` and
+//! carried out by `apply` (in `apply.rs`), the only code that executes a
+//! tool or hands a call to the client.
 
+mod apply;
 mod approval;
+mod ask;
 mod client;
 mod compact;
 mod course;
 mod finish;
 mod model_call;
+mod observe;
 mod recover;
 mod route;
-mod step;
+mod turn;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use keel_protocol::{
-    Commit, ErrorBody, EventKind, Message, Principal, RunPatch, RunRecord, RunStatus, StoreError,
-    ToolCall, Usage,
+    Budget, Commit, CompletionReason, ErrorBody, EventKind, Message, Principal, RunPatch,
+    RunRecord, RunStatus, StoreError, ToolCall, Usage,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::AgentRuntime;
+use crate::pipeline::{RunView, ToolSnapshot};
 use crate::runtime::{Command, Shared};
 use crate::state::LoopState;
+use crate::toolset::ToolSet;
 
 /// Why the loop stopped early.
 #[derive(Debug)]
 pub(crate) enum Exit {
     Cancelled,
     Failed(ErrorBody),
-    Budget(&'static str),
+    Budget(Budget),
     Store(StoreError),
     /// The runtime dropped the command channel (shutdown): leave the run as stored.
     Detached,
@@ -54,10 +63,19 @@ enum Waited {
     Restore(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A final answer, not yet committed: the outer loop decides whether it
+/// completes the run or a queued follow-up starts.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Answer {
+    pub text: String,
+    pub reason: CompletionReason,
+}
+
+/// What one pass of the inner loop leaves to do.
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Flow {
     Continue,
-    Done,
+    Answered(Answer),
 }
 
 pub(crate) struct RunActor {
@@ -85,6 +103,8 @@ pub(crate) struct RunActor {
     pending_restore: Option<String>,
     /// Tool calls per run of this agent's recent completed runs, once looked up.
     baseline_calls: Option<Option<f32>>,
+    /// The run's client tools, compiled once.
+    client_tools: Arc<ToolSet>,
 }
 
 pub(crate) struct ActorInit {
@@ -100,6 +120,15 @@ impl RunActor {
     pub(crate) fn new(init: ActorInit) -> Self {
         let r = init.record;
         let state = LoopState::from_value(&r.state);
+        let client_tools = match crate::pipeline::client_tools(&state.client_tools) {
+            Ok(set) => set,
+            Err(e) => {
+                // Checked when the run was created; a stored run from an
+                // older version may still carry one that does not compile.
+                tracing::warn!(run = %r.id, error = %e, "client tools left out");
+                ToolSet::default()
+            }
+        };
         // Wall time counts from creation, minus time spent waiting for people.
         let age = (keel_protocol::now() - r.created_at)
             .to_std()
@@ -129,6 +158,7 @@ impl RunActor {
             started,
             pending_restore: None,
             baseline_calls: None,
+            client_tools: Arc::new(client_tools),
         }
     }
 
@@ -159,6 +189,7 @@ impl RunActor {
 
     async fn drive(&mut self) -> Result<(), Exit> {
         self.history = self.shared.store.history(&self.run_id).await?;
+        let mut ready = None;
         match self.status {
             RunStatus::Queued => {
                 self.status = RunStatus::Running;
@@ -172,20 +203,40 @@ impl RunActor {
                 self.commit_status(vec![started], vec![input], RunStatus::Running, None)
                     .await?;
             }
-            RunStatus::Running => self.recover().await?,
+            RunStatus::Running => ready = self.recover().await?,
             _ => {}
         }
-        if let Some(answer) = self.state.canned_answer.take() {
-            self.finish_answer(answer, "answered").await?;
-            return Ok(());
+        ready = match (ready, self.state.canned_answer.take()) {
+            (Some(answer), _) => Some(answer),
+            (None, Some(text)) => Some(Answer {
+                text,
+                reason: CompletionReason::Answered,
+            }),
+            (None, None)
+                if self.agent.config.routing == keel_config::Routing::PreRoute
+                    && !self.state.course.routed
+                    && self.steps == 0 =>
+            {
+                self.pre_route().await?
+            }
+            (None, None) => None,
+        };
+        // The dual loop. Inner: model turns, and the tool calls they
+        // propose, until the model answers. Outer: the follow-ups queued
+        // meanwhile, each answered by the same run.
+        loop {
+            let answer = match ready.take() {
+                Some(answer) => answer,
+                None => self.inner_loop().await?,
+            };
+            if !self.conclude(answer).await? {
+                return Ok(());
+            }
         }
-        if self.agent.config.routing == keel_config::Routing::PreRoute
-            && !self.state.course.routed
-            && self.steps == 0
-            && let Some(Flow::Done) = self.pre_route().await?
-        {
-            return Ok(());
-        }
+    }
+
+    /// Model turns (and waits for people or clients) until an answer.
+    async fn inner_loop(&mut self) -> Result<Answer, Exit> {
         loop {
             let flow = if !self.state.client_waiting.is_empty() {
                 let outputs = self.wait_for_tool_outputs().await?;
@@ -201,9 +252,69 @@ impl RunActor {
             } else {
                 self.step().await?
             };
-            if flow == Flow::Done {
-                return Ok(());
+            if let Flow::Answered(answer) = flow {
+                return Ok(answer);
             }
+        }
+    }
+
+    /// The answer is final. The next queued follow-up starts (true), or
+    /// the run completes (false).
+    pub(super) async fn conclude(&mut self, answer: Answer) -> Result<bool, Exit> {
+        self.drain_commands();
+        let message = Message::Assistant {
+            content: answer.text.clone(),
+            tool_calls: Vec::new(),
+        };
+        if let Some(next) = self.state.follow_ups.pop_front() {
+            self.state.course.goals.push(next.clone());
+            let events = vec![
+                EventKind::Final {
+                    answer: answer.text,
+                },
+                EventKind::FollowUpStarted { text: next.clone() },
+            ];
+            self.commit(events, vec![message, Message::user(next)])
+                .await?;
+            return Ok(true);
+        }
+        let events = vec![
+            EventKind::Final {
+                answer: answer.text.clone(),
+            },
+            EventKind::RunCompleted {
+                reason: answer.reason,
+                usage: self.usage,
+            },
+        ];
+        self.status = RunStatus::Completed;
+        let patch = RunPatch {
+            status: Some(RunStatus::Completed),
+            output: Some(answer.text),
+            pending: Some(serde_json::Value::Null),
+            ..RunPatch::default()
+        };
+        self.commit_patch(events, vec![message], patch).await?;
+        Ok(false)
+    }
+
+    /// The tool set this step works on: taken once, passed down.
+    fn snapshot(&self) -> ToolSnapshot {
+        ToolSnapshot {
+            server: self.shared.tools(),
+            client: self.client_tools.clone(),
+        }
+    }
+
+    /// The run as the guard pipeline sees it.
+    fn view(&self) -> RunView<'_> {
+        RunView {
+            principal: &self.principal,
+            agent: &self.agent.config,
+            guards: &self.shared.guards,
+            state: &self.state,
+            usage: self.usage,
+            run_id: &self.run_id,
         }
     }
 

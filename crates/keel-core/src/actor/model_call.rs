@@ -60,7 +60,7 @@ impl RunActor {
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => return Err(Exit::Cancelled),
-                _ = &mut sleep => return Err(Exit::Budget("max_wall_time")),
+                _ = &mut sleep => return Err(Exit::Budget(keel_protocol::Budget::MaxWallTime)),
                 r = &mut call => break r,
                 Some(delta) = rx.next() => {
                     let mut text = delta;

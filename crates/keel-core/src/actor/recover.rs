@@ -1,71 +1,62 @@
 //! Resuming a run that was `running` when its node stopped.
 //!
-//! Calls of the last turn that never started are processed normally. A call
-//! that started but has no result is re-run only if its tool is idempotent;
-//! otherwise the model is told its outcome is unknown.
+//! The calls of the last turn that have no result go through the guard
+//! pipeline again, in order. A call that never started is judged like a
+//! new one. A call that had started was authorized then: it is run again
+//! only if its tool is idempotent; otherwise the pipeline gives the model
+//! an unknown outcome.
 
 use std::collections::HashSet;
 
-use keel_protocol::{EventKind, ToolCall};
+use keel_protocol::EventKind;
 
-use super::{Exit, RunActor, synthetic_result};
-use crate::guard_pipeline::parse_arguments;
+use super::apply::CallFlow;
+use super::{Answer, Exit, RunActor};
+use crate::pipeline::Origin;
 
 impl RunActor {
-    pub(super) async fn recover(&mut self) -> Result<(), Exit> {
+    /// `Some` when a recovered call ended the run with an answer.
+    pub(super) async fn recover(&mut self) -> Result<Option<Answer>, Exit> {
         let open = self.unanswered_calls();
         if open.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let started = self.started_call_ids().await?;
         tracing::info!(run = %self.run_id, open = open.len(), "resuming run after restart");
-        for call in open {
-            if !started.contains(&call.id) {
-                // Never executed: it may simply run now (through the whole pipeline).
-                self.skip_or_rerun_unstarted(&call).await?;
-                continue;
-            }
-            let idempotent = self
-                .shared
-                .tools()
-                .get(&call.name)
-                .is_some_and(|t| t.spec.idempotent);
-            if idempotent {
-                let args = parse_arguments(&call.arguments).unwrap_or_default();
-                self.execute(&call, args, Vec::new()).await?;
-            } else {
-                let detail = format!(
-                    "the outcome of `{}` is unknown: the server stopped while it ran, and it was not re-run \
-                     because the tool is not idempotent",
-                    call.name
-                );
-                let event = EventKind::ToolResult {
-                    step: self.steps,
-                    call_id: call.id.clone(),
-                    tool: call.name.clone(),
-                    ok: false,
-                    duration_ms: 0,
-                    output: String::new(),
-                    error: Some(detail.clone()),
-                };
-                let result = synthetic_result(
-                    &call,
-                    format!("Error: {detail}. Check its effect before calling it again."),
-                );
-                self.commit(vec![event], vec![result]).await?;
+        let snapshot = self.snapshot();
+        for (i, call) in open.iter().enumerate() {
+            let origin = Origin::Recovered {
+                started: started.contains(&call.id),
+            };
+            match self.decide(call, &snapshot, origin).await? {
+                CallFlow::Next => {}
+                CallFlow::Wait => {
+                    self.skip_calls(
+                        &open[i + 1..],
+                        "not executed: the run is waiting for the user's answer",
+                    )
+                    .await?;
+                    self.flush_notes().await?;
+                    self.enter_waiting().await?;
+                    return Ok(None);
+                }
+                CallFlow::WaitApproval => {
+                    self.skip_calls(
+                        &open[i + 1..],
+                        "not executed: the run is waiting for an approval",
+                    )
+                    .await?;
+                    self.flush_notes().await?;
+                    return Ok(None);
+                }
+                CallFlow::Done(answer) => return Ok(Some(answer)),
             }
         }
-        Ok(())
-    }
-
-    async fn skip_or_rerun_unstarted(&mut self, call: &ToolCall) -> Result<(), Exit> {
-        // Re-deciding a call means re-running the guards, which may ask the user;
-        // a clean, observable choice is to hand it back to the model instead.
-        let result = synthetic_result(
-            call,
-            "Not executed: the server restarted before this call ran. Call it again if it is still needed.",
-        );
-        self.commit(Vec::new(), vec![result]).await
+        self.flush_notes().await?;
+        if !self.state.client_waiting.is_empty() {
+            self.enter_client_wait().await?;
+        }
+        Ok(None)
     }
 
     async fn started_call_ids(&self) -> Result<HashSet<String>, Exit> {

@@ -3,9 +3,9 @@
 //! without tools; `TOOL` and `UNKNOWN` go through the usual loop, so a
 //! wrong or unreadable decision costs one small call and nothing else.
 
-use keel_protocol::{Decision, EventKind, Message, ModelRequest};
+use keel_protocol::{CompletionReason, Decision, EventKind, Message, ModelRequest};
 
-use super::{Exit, Flow, RunActor};
+use super::{Answer, Exit, RunActor};
 
 const ROUTE_PROMPT: &str = "Classify the user's message for an assistant with business tools. \
 Reply with exactly one word: CHAT if it can be answered from general knowledge or conversation alone, \
@@ -49,7 +49,7 @@ pub(crate) fn parse_mode(text: &str) -> Mode {
 
 impl RunActor {
     /// Decides the mode once per run; `Some` when the run was answered.
-    pub(super) async fn pre_route(&mut self) -> Result<Option<Flow>, Exit> {
+    pub(super) async fn pre_route(&mut self) -> Result<Option<Answer>, Exit> {
         self.state.course.routed = true;
         let tools = self.shared.tools().schemas_for(
             &self.agent.config.tools,
@@ -97,14 +97,14 @@ impl RunActor {
             call_id: None,
         };
         self.commit(vec![decided, respond], Vec::new()).await?;
-        let flow = self
-            .finish_without_tools(
+        let answer = self
+            .answer_without_tools(
                 None,
                 "Answer the user's message directly and completely. Do not call tools.",
-                "answered",
+                CompletionReason::Answered,
             )
             .await?;
-        Ok(Some(flow))
+        Ok(Some(answer))
     }
 }
 

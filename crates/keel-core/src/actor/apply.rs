@@ -1,0 +1,374 @@
+//! `apply`: the one place a verdict of the guard pipeline turns into
+//! effects. It is the only caller of `execute` and `hand_to_client`, which
+//! are private to this module, and those take a [`Cleared`] call, which
+//! only `pipeline::evaluate` can make: no path reaches a tool without
+//! passing the pipeline.
+
+use std::time::Instant as StdInstant;
+
+use keel_guard::loop_detect::{CallRecord, Level, LoopHit, Outcome, call_fingerprint};
+use keel_protocol::{
+    ClientCall, CompletionReason, EventKind, FeedbackCode, ToolCall, ToolContext, ToolError,
+};
+
+use super::{Answer, Exit, RunActor, synthetic_result};
+use crate::pipeline::{Cleared, Target, ToolSnapshot, Verdict};
+use keel_config::OnClarifyExhausted;
+
+/// What processing one call leaves the turn to do next.
+pub(super) enum CallFlow {
+    Next,
+    /// The call waits for the user; the rest of the turn is skipped.
+    Wait,
+    /// The call waits for a person's approval; the rest of the turn is skipped.
+    WaitApproval,
+    /// The run has its answer (fallback, loop or exhausted repairs).
+    Done(Answer),
+}
+
+impl RunActor {
+    pub(super) async fn apply(
+        &mut self,
+        call: &ToolCall,
+        verdict: Verdict,
+        snapshot: &ToolSnapshot,
+    ) -> Result<CallFlow, Exit> {
+        let events = verdict.events(self.steps, &call.id);
+        match verdict {
+            Verdict::Execute(cleared) => {
+                self.state.repairs.remove(&call.name);
+                if let Some(hit) = cleared.warning() {
+                    self.note_loop_warning(hit);
+                }
+                match cleared.target() {
+                    Target::Server => {
+                        self.execute(call, cleared, events, snapshot).await?;
+                        if self.spiralling_after_compaction() {
+                            return self.end_spiral(call).await;
+                        }
+                    }
+                    Target::Client => self.hand_to_client(call, cleared, events).await?,
+                }
+                Ok(CallFlow::Next)
+            }
+            Verdict::Repair {
+                code,
+                detail,
+                attempt,
+                exhausted,
+                warning,
+            } => {
+                if let Some(hit) = &warning {
+                    self.note_loop_warning(hit);
+                }
+                if code == FeedbackCode::UnknownTool {
+                    self.state.calls.record(CallRecord {
+                        tool: call.name.clone(),
+                        call: call_fingerprint(&call.name, &serde_json::Value::Null),
+                        outcome: None,
+                        kind: Outcome::UnknownTool,
+                        poll: false,
+                    });
+                }
+                if code == FeedbackCode::InvalidArguments {
+                    metrics::counter!("keel_tool_schema_validation_failed_total").increment(1);
+                }
+                self.state.repairs.insert(call.name.clone(), attempt);
+                self.state
+                    .course
+                    .learn_constraint(format!("`{}` call rejected ({code}): {detail}", call.name));
+                let result = synthetic_result(
+                    call,
+                    format!("Error ({code}): {detail}. Fix the call and try again."),
+                );
+                self.commit(events, vec![result]).await?;
+                if !exhausted {
+                    return Ok(CallFlow::Next);
+                }
+                let note = format!(
+                    "The call to `{}` failed validation {attempt} times in a row ({detail}). Do not call tools any more: \
+                     answer the user directly from what is known and say what could not be done.",
+                    call.name
+                );
+                let answer = self
+                    .answer_without_tools(Some("max_repairs"), &note, CompletionReason::Fallback)
+                    .await?;
+                Ok(CallFlow::Done(answer))
+            }
+            Verdict::Ask(ask) => {
+                self.state.clarify_rounds += 1;
+                metrics::counter!("keel_clarifications_total").increment(1);
+                self.hold_for_input(call, ask, events).await?;
+                Ok(CallFlow::Wait)
+            }
+            Verdict::ClarifyExhausted { ask, then, .. } => match then {
+                OnClarifyExhausted::Fallback => {
+                    let result = synthetic_result(
+                        call,
+                        format!("Not executed: still missing {}", ask.slots.join(", ")),
+                    );
+                    self.commit(events, vec![result]).await?;
+                    let note = format!(
+                        "`{}` cannot run because the user has not given: {}. Tell the user exactly what is missing \
+                         and what you could do once they provide it. Do not call tools.",
+                        ask.tool,
+                        ask.slots.join(", ")
+                    );
+                    let answer = self
+                        .answer_without_tools(None, &note, CompletionReason::Fallback)
+                        .await?;
+                    Ok(CallFlow::Done(answer))
+                }
+                OnClarifyExhausted::Handoff => {
+                    self.hand_off(call, ask, events).await?;
+                    Ok(CallFlow::Wait)
+                }
+            },
+            Verdict::NotActionable { detail } => {
+                let result = synthetic_result(
+                    call,
+                    format!(
+                        "Not asked: {detail}. No tool needs these details; answer the user directly."
+                    ),
+                );
+                self.commit(events, vec![result]).await?;
+                let note = "Answer the user's message directly and completely from your own knowledge. \
+                            Do not ask questions and do not call tools.";
+                let answer = self
+                    .answer_without_tools(
+                        Some("clarify_without_actionable_tool"),
+                        note,
+                        CompletionReason::Fallback,
+                    )
+                    .await?;
+                Ok(CallFlow::Done(answer))
+            }
+            Verdict::Deny { reason, result, .. } => {
+                self.state
+                    .course
+                    .learn_constraint(format!("`{}` was refused: {reason}", call.name));
+                let text = result.unwrap_or_else(|| format!("Error: denied by policy: {reason}"));
+                self.commit(events, vec![synthetic_result(call, text)])
+                    .await?;
+                Ok(CallFlow::Next)
+            }
+            Verdict::NeedsApproval {
+                args,
+                risk,
+                rule: _,
+                reason,
+            } => {
+                self.request_approval(call, args, risk, reason, events)
+                    .await?;
+                Ok(CallFlow::WaitApproval)
+            }
+            Verdict::LoopBlocked {
+                hit,
+                ends_run,
+                known_tool,
+            } => {
+                self.loop_blocked(call, hit, ends_run, known_tool, events)
+                    .await
+            }
+            Verdict::Budget(which) => Err(Exit::Budget(which)),
+            Verdict::OutcomeUnknown => {
+                let detail = format!(
+                    "the outcome of `{}` is unknown: the server stopped while it ran, and it was not re-run \
+                     because the tool is not idempotent",
+                    call.name
+                );
+                let event = EventKind::ToolResult {
+                    step: self.steps,
+                    call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    ok: false,
+                    duration_ms: 0,
+                    output: String::new(),
+                    error: Some(detail.clone()),
+                };
+                let result = synthetic_result(
+                    call,
+                    format!("Error: {detail}. Check its effect before calling it again."),
+                );
+                self.commit(vec![event], vec![result]).await?;
+                Ok(CallFlow::Next)
+            }
+        }
+    }
+
+    /// A warning lets the call run; the model reads it after the turn.
+    fn note_loop_warning(&mut self, hit: &LoopHit) {
+        self.learn_loop(hit);
+        self.notes.push(format!("Loop warning: {}", hit.message));
+    }
+
+    fn learn_loop(&mut self, hit: &LoopHit) {
+        self.state.course.loop_signals += 1;
+        self.state.course.learn_failure(format!(
+            "`{}` kept repeating without progress ({})",
+            hit.tool,
+            hit.detector.as_str()
+        ));
+    }
+
+    /// A critical hit blocks the call; the second one, or the breaker,
+    /// ends the run with an answer from what is known.
+    async fn loop_blocked(
+        &mut self,
+        call: &ToolCall,
+        hit: LoopHit,
+        ends_run: bool,
+        known_tool: bool,
+        events: Vec<EventKind>,
+    ) -> Result<CallFlow, Exit> {
+        debug_assert_eq!(hit.level, Level::Critical);
+        self.learn_loop(&hit);
+        self.state.loop_criticals += 1;
+        if known_tool {
+            let args = crate::pipeline::parse_arguments(&call.arguments).unwrap_or_default();
+            self.state.calls.record(CallRecord {
+                tool: call.name.clone(),
+                call: call_fingerprint(&call.name, &args),
+                outcome: None,
+                kind: Outcome::Blocked,
+                poll: false,
+            });
+        }
+        let result = synthetic_result(call, format!("Blocked by loop detection: {}", hit.message));
+        self.commit(events, vec![result]).await?;
+        if ends_run {
+            let note = format!(
+                "The run is stopped because it kept repeating itself ({}). Do not call tools. Give the user \
+                 the most helpful answer you can from what is already known, and say plainly what did not work.",
+                hit.message
+            );
+            let answer = self
+                .answer_without_tools(None, &note, CompletionReason::LoopBlocked)
+                .await?;
+            return Ok(CallFlow::Done(answer));
+        }
+        self.notes.push(format!(
+            "Loop detected and blocked: {} Change your approach now; the next repetition ends the run.",
+            hit.message
+        ));
+        Ok(CallFlow::Next)
+    }
+
+    /// The same call with the same outcome three times right after a
+    /// compaction: the summary lost what the model needed, so the run ends.
+    async fn end_spiral(&mut self, call: &ToolCall) -> Result<CallFlow, Exit> {
+        let detail = format!(
+            "`{}` returned the same result three times right after the context was compacted",
+            call.name
+        );
+        let feedback = EventKind::ReactFeedback {
+            step: self.steps,
+            code: FeedbackCode::LoopBlocked,
+            detail: detail.clone(),
+        };
+        self.commit(vec![feedback], Vec::new()).await?;
+        metrics::counter!("keel_loop_blocks_total", "detector" => "post_compaction").increment(1);
+        let note = format!(
+            "The run is stopped: {detail}. Do not call tools. Answer the user from what is known and \
+             say plainly what did not work."
+        );
+        let answer = self
+            .answer_without_tools(None, &note, CompletionReason::LoopBlocked)
+            .await?;
+        Ok(CallFlow::Done(answer))
+    }
+
+    /// Executes a cleared call with the step's snapshot and records its one result.
+    async fn execute(
+        &mut self,
+        call: &ToolCall,
+        cleared: Cleared,
+        mut events: Vec<EventKind>,
+        snapshot: &ToolSnapshot,
+    ) -> Result<(), Exit> {
+        let Some(reg) = snapshot.server.get(&call.name) else {
+            // evaluate found it in this very snapshot; a result is still owed.
+            let result = synthetic_result(call, "Error: the tool is no longer available");
+            return self.commit(events, vec![result]).await;
+        };
+        let tool = reg.tool.clone();
+        let spec = reg.spec.clone();
+        let args = cleared.into_args();
+        let fingerprint = call_fingerprint(&call.name, &args);
+        let args_text = args.to_string();
+        self.usage.tool_calls += 1;
+        events.push(EventKind::ToolCall {
+            step: self.steps,
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            arguments: args.clone(),
+        });
+        // Committed before the tool runs: a restarted node knows it started.
+        self.commit(events, Vec::new()).await?;
+        let ctx = ToolContext {
+            tenant: self.principal.tenant.clone(),
+            principal: self.principal.id.clone(),
+            agent: self.agent.config.id.clone(),
+            session: self.session.clone(),
+            run_id: self.run_id.clone(),
+            call_id: call.id.clone(),
+        };
+        let started = StdInstant::now();
+        let timeout = spec.timeout;
+        let outcome = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Err(Exit::Cancelled),
+            r = tokio::time::timeout(timeout, tool.call(args, &ctx)) => match r {
+                Ok(r) => r,
+                Err(_) => Err(ToolError::Timeout(timeout)),
+            },
+        };
+        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let observed = self.observe(
+            call,
+            reg,
+            &fingerprint,
+            &args_text,
+            outcome.map_err(|e| e.to_string()),
+            duration_ms,
+        );
+        self.commit(observed.events, vec![observed.message]).await
+    }
+
+    /// A cleared client tool call goes to the caller; the run waits for its
+    /// output once the turn's other calls are decided.
+    async fn hand_to_client(
+        &mut self,
+        call: &ToolCall,
+        cleared: Cleared,
+        mut events: Vec<EventKind>,
+    ) -> Result<(), Exit> {
+        let args = cleared.into_args();
+        self.usage.tool_calls += 1;
+        events.push(EventKind::ToolCall {
+            step: self.steps,
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            arguments: args.clone(),
+        });
+        self.state.client_waiting.push(ToolCall {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: args.to_string(),
+        });
+        self.commit(events, Vec::new()).await
+    }
+
+    /// The client calls of this turn, as `waiting_client_tool` lists them.
+    pub(super) fn client_calls(&self) -> Vec<ClientCall> {
+        self.state
+            .client_waiting
+            .iter()
+            .map(|c| ClientCall {
+                call_id: c.id.clone(),
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            })
+            .collect()
+    }
+}
