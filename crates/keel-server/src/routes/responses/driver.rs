@@ -1,20 +1,17 @@
 //! Follows one stretch of a run until it ends or stops for the client.
 //!
-//! A run that waits for client tool outputs (or for the user's answer to a
-//! question) has no dedicated event: the stop is seen on the run record
-//! (`waiting_input` with a `pending`), polled while the events stream in.
-//! The response is closed only after every event up to that point was read.
-
-use std::time::Duration;
+//! The run's own events say when it stops: `waiting_client_tool` (outputs
+//! of client tools are needed), `clarification_needed` or
+//! `handoff_requested` (an answer is needed), or a terminal event. Each is
+//! committed together with the run's status, so once it is read the stretch
+//! is complete.
 
 use keel_core::Runtime;
-use keel_protocol::{EventKind, RunRecord, RunStatus, Usage};
+use keel_protocol::{EventKind, RunRecord, Usage};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::encoder::{Encoder, End};
-
-const POLL: Duration = Duration::from_millis(100);
 
 /// Where a stretch of a run starts.
 pub struct Segment {
@@ -39,54 +36,50 @@ pub async fn drive(
 ) -> Result<Value, Gone> {
     emit(sink, enc.begin()).await?;
     let mut events = keel_core::follow::follow(runtime.clone(), seg.run_id.clone(), seg.start);
-    let mut tick = tokio::time::interval(POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let end = loop {
-        tokio::select! {
-            e = events.recv() => match e {
-                Some(e) => {
-                    let out = enc.on_event(&e);
-                    emit(sink, out).await?;
-                    match &e.kind {
-                        EventKind::RunCompleted { usage, .. } => break (End::Completed, *usage),
-                        EventKind::RunFailed { error } => {
-                            break (End::Failed { code: error.code.clone(), message: error.message.clone() },
-                                   current_usage(runtime, seg).await);
-                        }
-                        EventKind::RunCancelled { by } => {
-                            break (End::Cancelled { by: by.clone() }, current_usage(runtime, seg).await);
-                        }
-                        _ => {}
-                    }
-                }
-                None => {
-                    // The follower stops only on a terminal event or a store failure.
-                    tracing::warn!(run = %seg.run_id, "lost the run's event stream");
-                    break (End::Failed {
-                        code: "store_unavailable".into(),
-                        message: "lost the run's event stream; the run goes on: see /ai/runs".into(),
-                    }, current_usage(runtime, seg).await);
-                }
-            },
-            _ = tick.tick() => {
-                let Ok(run) = runtime.get_run(&seg.tenant, &seg.run_id).await else { continue };
-                if !stopped_for_client(&run, seg.start) {
-                    continue;
-                }
-                // Everything up to the stop was committed before the status.
-                while enc.last_seq < run.last_seq {
-                    match events.recv().await {
-                        Some(e) => {
-                            let out = enc.on_event(&e);
-                            emit(sink, out).await?;
-                        }
-                        None => break,
-                    }
-                }
-                let out = enc.ensure_calls(&pending_calls(&run));
-                emit(sink, out).await?;
-                break (End::Completed, run.usage);
+        let Some(e) = events.recv().await else {
+            // The follower stops only on a terminal event or a store failure.
+            tracing::warn!(run = %seg.run_id, "lost the run's event stream");
+            break (
+                End::Failed {
+                    code: "store_unavailable".into(),
+                    message: "lost the run's event stream; the run goes on: see /ai/runs".into(),
+                },
+                current_usage(runtime, seg).await,
+            );
+        };
+        let out = enc.on_event(&e);
+        emit(sink, out).await?;
+        match &e.kind {
+            EventKind::RunCompleted { usage, .. } => break (End::Completed, *usage),
+            EventKind::RunFailed { error } => {
+                break (
+                    End::Failed {
+                        code: error.code.clone(),
+                        message: error.message.clone(),
+                    },
+                    current_usage(runtime, seg).await,
+                );
             }
+            EventKind::RunCancelled { by } => {
+                break (
+                    End::Cancelled { by: by.clone() },
+                    current_usage(runtime, seg).await,
+                );
+            }
+            EventKind::WaitingClientTool { calls } => {
+                let calls: Vec<(String, String, String)> = calls
+                    .iter()
+                    .map(|c| (c.call_id.clone(), c.name.clone(), c.arguments.clone()))
+                    .collect();
+                let out = enc.ensure_calls(&calls);
+                emit(sink, out).await?;
+                break (End::Completed, current_usage(runtime, seg).await);
+            }
+            EventKind::ClarificationNeeded { .. } | EventKind::HandoffRequested { .. } => {
+                break (End::Completed, current_usage(runtime, seg).await);
+            }
+            _ => {}
         }
     };
     // Every ending reports the run's total usage; the response owns the difference.
@@ -102,12 +95,6 @@ async fn emit(sink: Option<&mpsc::Sender<Value>>, events: Vec<Value>) -> Result<
         sink.send(e).await.map_err(|_| Gone)?;
     }
     Ok(())
-}
-
-/// The run waits for the client (tool outputs or an answer to its question),
-/// and has done something since this stretch began.
-fn stopped_for_client(run: &RunRecord, start: u64) -> bool {
-    run.status == RunStatus::WaitingInput && run.last_seq > start
 }
 
 /// `(call_id, name, arguments)` of the client calls a run waits for.

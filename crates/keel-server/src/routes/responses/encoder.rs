@@ -86,7 +86,8 @@ impl Encoder {
                 self.delta(text, &mut out);
             }
             EventKind::Final { answer } => self.whole_message(e.seq, answer, &mut out),
-            EventKind::ClarificationNeeded { question, .. } => {
+            EventKind::ClarificationNeeded { question, .. }
+            | EventKind::HandoffRequested { question, .. } => {
                 self.whole_message(e.seq, question, &mut out);
             }
             EventKind::ToolCall {
