@@ -1,6 +1,6 @@
-//! Command line, with the same names and defaults as
-//! /work/shared/bench/peers/common/bench_common.py so run.sh can call every
-//! driver the same way.
+//! Command line, with the same names and defaults as the shared benchmark
+//! harness's `peers/common/bench_common.py` so run.sh can call every driver
+//! the same way.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! One agent run through keel's HTTP API, checked: completed, final answer
-//! `done`, exactly K tool calls.
+//! `done`, exactly K tool calls and K + 1 model calls.
 
 use std::time::Duration;
 
@@ -27,9 +27,7 @@ impl Client {
         if fresh_conn {
             builder = builder.pool_max_idle_per_host(0);
         }
-        let http = builder
-            .build()
-            .map_err(|e| format!("HTTP client: {e}"))?;
+        let http = builder.build().map_err(|e| format!("HTTP client: {e}"))?;
         Ok(Client {
             http,
             runs_url: format!("{keel_url}/ai/runs"),
@@ -68,7 +66,11 @@ impl Client {
         let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
         let mut answer: Option<String> = None;
         let mut scanned = 0;
-        while let Some(chunk) = resp.chunk().await.map_err(|e| format!("event stream: {e}"))? {
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| format!("event stream: {e}"))?
+        {
             buf.extend_from_slice(&chunk);
             loop {
                 let Some(end) = find_frame_end(&buf, scanned) else {
@@ -95,7 +97,10 @@ impl Client {
             .await
             .map_err(|e| format!("POST /ai/runs: {e}"))?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| format!("POST /ai/runs: {e}"))?;
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| format!("POST /ai/runs: {e}"))?;
         if !status.is_success() {
             return Err(format!(
                 "POST /ai/runs: HTTP {status}: {}",
@@ -103,7 +108,10 @@ impl Client {
             ));
         }
         let run: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-        let id = run["id"].as_str().ok_or("run object without id")?.to_owned();
+        let id = run["id"]
+            .as_str()
+            .ok_or("run object without id")?
+            .to_owned();
         let url = format!("{}/{id}", self.runs_url);
         loop {
             tokio::time::sleep(self.poll).await;
@@ -124,7 +132,10 @@ impl Client {
                     return check(k, answer.as_deref(), &run["usage"]);
                 }
                 Some("failed" | "cancelled") => {
-                    return Err(format!("run {id} ended {}: {}", run["status"], run["error"]));
+                    return Err(format!(
+                        "run {id} ended {}: {}",
+                        run["status"], run["error"]
+                    ));
                 }
                 Some("waiting_input" | "waiting_approval") => {
                     return Err(format!("run {id} waits: {}", run["pending"]));
@@ -177,6 +188,9 @@ fn on_frame(frame: &[u8], k: u64, answer: &mut Option<String>) -> Option<Result<
     }
 }
 
+/// The run must be exactly the peers' workload: answer `done`, k tool calls
+/// and k + 1 model calls (one per turn plus the final answer). Anything else
+/// means keel did other work than the peers and the numbers would not compare.
 fn check(k: u64, answer: Option<&str>, usage: &Value) -> Result<u64, String> {
     if answer != Some("done") {
         return Err(format!("final answer {answer:?}, expected \"done\""));
@@ -187,6 +201,16 @@ fn check(k: u64, answer: Option<&str>, usage: &Value) -> Result<u64, String> {
     if calls != k {
         return Err(format!("run made {calls} tool calls, expected {k}"));
     }
+    let llm_calls = usage["llm_calls"]
+        .as_u64()
+        .ok_or_else(|| format!("usage without llm_calls: {usage}"))?;
+    if llm_calls != k + 1 {
+        return Err(format!(
+            "run made {llm_calls} model calls, expected {} (k + 1 for k = {k}): \
+             a guard feature changed the workload (drift correction, reflection, ...)",
+            k + 1
+        ));
+    }
     Ok(calls)
 }
 
@@ -194,25 +218,64 @@ fn check(k: u64, answer: Option<&str>, usage: &Value) -> Result<u64, String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn frames_are_split_and_checked() {
-        let buf = b"id: 1\nevent: final\ndata: {\"answer\":\"done\"}\n\n: ping\n\nid: 2\nevent: run_completed\ndata: {\"usage\":{\"tool_calls\":3}}\n\n";
+    /// Runs every complete frame of `buf` through `on_frame`; the last outcome.
+    fn replay(buf: &[u8], k: u64) -> Option<Result<u64, String>> {
         let mut answer = None;
-        let mut rest: &[u8] = buf;
+        let mut rest = buf;
         let mut out = None;
         while let Some(end) = find_frame_end(rest, 0) {
-            if let Some(r) = on_frame(&rest[..end], 3, &mut answer) {
+            if let Some(r) = on_frame(&rest[..end], k, &mut answer) {
                 out = Some(r);
             }
             rest = &rest[end + 2..];
         }
-        assert_eq!(out, Some(Ok(3)));
+        out
+    }
+
+    fn completed(usage: &str) -> Option<Result<u64, String>> {
         let mut answer = Some("done".to_owned());
-        let bad = on_frame(
-            b"event: run_completed\ndata: {\"usage\":{\"tool_calls\":2}}",
-            3,
-            &mut answer,
+        let frame = format!("event: run_completed\ndata: {{\"usage\":{usage}}}");
+        on_frame(frame.as_bytes(), 3, &mut answer)
+    }
+
+    #[test]
+    fn frames_are_split_and_checked() {
+        let buf = b"id: 1\nevent: final\ndata: {\"answer\":\"done\"}\n\n: ping\n\nid: 2\nevent: run_completed\ndata: {\"usage\":{\"llm_calls\":4,\"tool_calls\":3,\"prompt_tokens\":120,\"completion_tokens\":30}}\n\n";
+        assert_eq!(replay(buf, 3), Some(Ok(3)));
+    }
+
+    #[test]
+    fn wrong_tool_calls_fail() {
+        let out = completed(r#"{"llm_calls":4,"tool_calls":2}"#);
+        let Some(Err(e)) = out else {
+            panic!("expected an error, got {out:?}")
+        };
+        assert!(e.contains("2 tool calls, expected 3"), "{e}");
+    }
+
+    #[test]
+    fn extra_model_calls_fail() {
+        // k = 3 tool turns plus a reflection call: 5 model calls, not 4.
+        let out = completed(r#"{"llm_calls":5,"tool_calls":3}"#);
+        let Some(Err(e)) = out else {
+            panic!("expected an error, got {out:?}")
+        };
+        assert!(e.contains("5 model calls, expected 4"), "{e}");
+        assert!(e.contains("guard feature changed the workload"), "{e}");
+    }
+
+    #[test]
+    fn missing_llm_calls_fail() {
+        let out = completed(r#"{"tool_calls":3}"#);
+        assert!(
+            matches!(&out, Some(Err(e)) if e.contains("without llm_calls")),
+            "{out:?}"
         );
-        assert!(matches!(bad, Some(Err(_))));
+    }
+
+    #[test]
+    fn wrong_answer_fails() {
+        let buf = b"event: final\ndata: {\"answer\":\"nope\"}\n\nevent: run_completed\ndata: {\"usage\":{\"llm_calls\":4,\"tool_calls\":3}}\n\n";
+        assert!(matches!(replay(buf, 3), Some(Err(_))));
     }
 }

@@ -56,7 +56,7 @@ pub fn config(data_dir: &Path, llm_base_url: &str, tool_addr: SocketAddr) -> Str
     let prompt = toml_str(SYSTEM_PROMPT);
     let lookup_url = toml_str(&format!("http://{tool_addr}/lookup?key={{key}}"));
     format!(
-        r#"# written by keel-driver for /work/shared/bench
+        r#"# written by keel-driver for the shared benchmark harness
 [server]
 bind = "127.0.0.1:0"
 data_dir = {data_dir}
@@ -83,6 +83,12 @@ max_wall_time_s = 3600
 repeat_warning = 1000
 repeat_critical = 1000
 max_tool_calls_breaker = 100000
+
+# The peers have no drift correction or reflection: every guard feature that
+# adds model or tool calls must be off here, so each run stays one model call
+# and one tool call per turn plus the final answer (k tool calls, k + 1 model calls).
+[agents.drift]
+enabled = false
 
 [[tools.http]]
 name = "lookup"
@@ -224,4 +230,21 @@ pub fn self_cpu_seconds() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_turns_drift_off() {
+        let toml = config(
+            Path::new("data"),
+            "http://127.0.0.1:1/v1",
+            ([127, 0, 0, 1], 2).into(),
+        );
+        let drift = toml.find("[agents.drift]\nenabled = false\n");
+        let tools = toml.find("[[tools.http]]");
+        assert!(drift.is_some() && drift < tools, "{toml}");
+    }
 }

@@ -1,4 +1,5 @@
-//! keel's driver for /work/shared/bench (the `ours` slot of run.sh).
+//! keel's driver for the shared side-by-side benchmark (the `ours` slot of
+//! its run.sh; the harness lives beside the repo, `../shared/bench`).
 //!
 //! Starts a `lookup` tool backend and a `keel serve` pointed at the fake LLM,
 //! then runs the bench workload through keel's HTTP API (seq or conc, the
@@ -69,10 +70,8 @@ impl TempDir {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "keel-bench-{}-{nanos:08x}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("keel-bench-{}-{nanos:08x}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         Ok(TempDir(dir))
     }
@@ -143,7 +142,10 @@ fn median(v: &[f64]) -> f64 {
 async fn bench(o: &Opts, client: &Client, pid: u32) -> Result<Value, String> {
     if o.seq {
         for _ in 0..o.warmup {
-            client.run(o.k).await.map_err(|e| format!("warm-up run: {e}"))?;
+            client
+                .run(o.k)
+                .await
+                .map_err(|e| format!("warm-up run: {e}"))?;
         }
         let mut run_ms = Vec::with_capacity(o.runs);
         let (cpu0, dcpu0) = (keel::cpu_seconds(pid)?, keel::self_cpu_seconds());
