@@ -604,6 +604,8 @@ pub enum DefaultDecision {
 #[serde(rename_all = "snake_case")]
 pub enum RuleDecision {
     Execute,
+    /// Ask the user to confirm (useful with `min_confidence`).
+    Clarify,
     Approve,
     Deny,
 }
@@ -673,6 +675,10 @@ pub struct PolicyRule {
     /// Matches once the tool has already run this many times in the run.
     #[serde(default)]
     pub max_calls_per_run: Option<u32>,
+    /// Matches when the model stated a confidence below this (0.0 to 1.0)
+    /// for the call; a call without a stated confidence does not match.
+    #[serde(default)]
+    pub min_confidence: Option<f64>,
     pub decision: RuleDecision,
     /// Told to the model when the call is denied.
     #[serde(default)]

@@ -256,7 +256,7 @@ static VERIFY: &[Field] = &[
     opt("required_fields", Ty::Map(&STRS)),
 ];
 
-const DECISION: Ty = Ty::Enum(&["execute", "approve", "deny"]);
+const DECISION: Ty = Ty::Enum(&["execute", "clarify", "approve", "deny"]);
 
 static POLICY: &[Field] = &[
     opt("default", Ty::Enum(&["execute", "deny"])),
@@ -280,6 +280,7 @@ static POLICY_RULE: &[Field] = &[
     opt("min_risk", RISK),
     opt("when_arguments", Ty::Map(&Ty::Table(ARG_MATCHER))),
     opt("max_calls_per_run", U32),
+    opt("min_confidence", Ty::Number),
     req("decision", DECISION),
     opt("reason", Ty::Str),
 ];
@@ -738,6 +739,7 @@ mod tests {
                     )]
                     .into(),
                     max_calls_per_run: Some(3),
+                    min_confidence: Some(0.7),
                     decision: RuleDecision::Approve,
                     reason: Some("why".into()),
                 }],

@@ -213,7 +213,7 @@ decision = "deny"
         &r,
         e,
         "policy.rules[1].decision",
-        "expected one of \"execute\", \"approve\", \"deny\""
+        "expected one of \"execute\", \"clarify\", \"approve\", \"deny\""
     ));
     assert!(has(
         &r,

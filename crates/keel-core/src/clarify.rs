@@ -4,11 +4,10 @@
 //! tool call; everything else is answered directly.
 
 use keel_guard::schema::{CompiledSchema, ViolationKind};
-use keel_protocol::{ToolSchema, ToolSpec};
+use keel_protocol::{ToolSchema, ToolSpec, Understanding};
 use serde_json::{Map, Value, json};
 
-/// The reserved function through which the model asks the user.
-pub const CLARIFY_TOOL: &str = "clarify";
+pub use keel_protocol::CLARIFY_TOOL;
 
 /// At most this many slots are asked for at once.
 pub const MAX_SLOTS_ASKED: usize = 2;
@@ -25,7 +24,9 @@ pub fn clarify_schema() -> ToolSchema {
                 "tool_name": {"type": "string", "description": "The tool you need to call"},
                 "missing_slots": {"type": "array", "items": {"type": "string"},
                                    "description": "Required parameters of that tool the user has not given"},
-                "question": {"type": "string", "description": "The question to ask the user"}
+                "question": {"type": "string", "description": "The question to ask the user"},
+                "intent": {"type": "string", "description": "Optional: what you are trying to do"},
+                "confidence": {"type": "number", "description": "Optional: how sure you are of your understanding, 0.0 to 1.0"}
             },
             "required": ["tool_name", "missing_slots", "question"],
             "additionalProperties": false
@@ -39,6 +40,8 @@ pub struct ClarifyRequest {
     pub tool_name: String,
     pub missing_slots: Vec<String>,
     pub question: String,
+    /// The optional `intent` and `confidence` arguments.
+    pub understanding: Understanding,
 }
 
 impl ClarifyRequest {
@@ -66,6 +69,10 @@ impl ClarifyRequest {
             tool_name: s("tool_name"),
             missing_slots,
             question: s("question"),
+            understanding: v
+                .as_object()
+                .map(Understanding::from_object)
+                .unwrap_or_default(),
         }
     }
 }
@@ -306,7 +313,7 @@ mod tests {
         let wrong = ClarifyRequest {
             tool_name: "furnace_status".into(),
             missing_slots: vec!["verbose".into()],
-            question: String::new(),
+            ..Default::default()
         };
         assert!(matches!(
             actionable_slots(&wrong, Some(&s)),
@@ -315,7 +322,7 @@ mod tests {
         let ok = ClarifyRequest {
             tool_name: "furnace_status".into(),
             missing_slots: vec!["hours".into(), "furnace_id".into()],
-            question: String::new(),
+            ..Default::default()
         };
         assert_eq!(
             actionable_slots(&ok, Some(&s)).unwrap(),

@@ -19,7 +19,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use keel_protocol::{Event, Notice, RunRecord};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::error::CoreError;
@@ -43,49 +44,48 @@ pub(crate) enum Posted {
     Cancel(String),
 }
 
+/// A posted command as it travels through the store's command mailbox.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Wire {
+    Input { text: String },
+    Steer { text: String },
+    FollowUp { text: String },
+    ApprovalDecided,
+    Restore { checkpoint_id: String },
+    ToolOutputs { outputs: Vec<ClientToolOutput> },
+    Cancel { by: String },
+}
+
 impl Posted {
     fn encode(&self) -> Value {
-        match self {
-            Self::Run(Command::Input(text)) => json!({"type": "input", "text": text}),
-            Self::Run(Command::Steer(text)) => json!({"type": "steer", "text": text}),
-            Self::Run(Command::FollowUp(text)) => json!({"type": "follow_up", "text": text}),
-            Self::Run(Command::ApprovalDecided) => json!({"type": "approval_decided"}),
-            Self::Run(Command::Restore(id)) => json!({"type": "restore", "checkpoint_id": id}),
-            Self::Run(Command::ToolOutputs(outputs)) => json!({
-                "type": "tool_outputs",
-                "outputs": outputs
-                    .iter()
-                    .map(|o| json!({"call_id": o.call_id, "output": o.output}))
-                    .collect::<Vec<_>>(),
-            }),
-            Self::Cancel(by) => json!({"type": "cancel", "by": by}),
-        }
+        let wire = match self {
+            Self::Run(Command::Input(text)) => Wire::Input { text: text.clone() },
+            Self::Run(Command::Steer(text)) => Wire::Steer { text: text.clone() },
+            Self::Run(Command::FollowUp(text)) => Wire::FollowUp { text: text.clone() },
+            Self::Run(Command::ApprovalDecided) => Wire::ApprovalDecided,
+            Self::Run(Command::Restore(id)) => Wire::Restore {
+                checkpoint_id: id.clone(),
+            },
+            Self::Run(Command::ToolOutputs(outputs)) => Wire::ToolOutputs {
+                outputs: outputs.clone(),
+            },
+            Self::Cancel(by) => Wire::Cancel { by: by.clone() },
+        };
+        serde_json::to_value(wire).unwrap_or(Value::Null)
     }
 
+    /// `None` for a body this version does not understand (logged by the caller).
     fn decode(v: &Value) -> Option<Self> {
-        let text = || v.get("text").and_then(Value::as_str).map(str::to_owned);
-        Some(match v.get("type")?.as_str()? {
-            "input" => Self::Run(Command::Input(text()?)),
-            "steer" => Self::Run(Command::Steer(text()?)),
-            "follow_up" => Self::Run(Command::FollowUp(text()?)),
-            "approval_decided" => Self::Run(Command::ApprovalDecided),
-            "restore" => Self::Run(Command::Restore(
-                v.get("checkpoint_id")?.as_str()?.to_owned(),
-            )),
-            "tool_outputs" => Self::Run(Command::ToolOutputs(
-                v.get("outputs")?
-                    .as_array()?
-                    .iter()
-                    .map(|o| {
-                        Some(ClientToolOutput {
-                            call_id: o.get("call_id")?.as_str()?.to_owned(),
-                            output: o.get("output")?.as_str()?.to_owned(),
-                        })
-                    })
-                    .collect::<Option<Vec<_>>>()?,
-            )),
-            "cancel" => Self::Cancel(v.get("by")?.as_str()?.to_owned()),
-            _ => return None,
+        let wire: Wire = serde_json::from_value(v.clone()).ok()?;
+        Some(match wire {
+            Wire::Input { text } => Self::Run(Command::Input(text)),
+            Wire::Steer { text } => Self::Run(Command::Steer(text)),
+            Wire::FollowUp { text } => Self::Run(Command::FollowUp(text)),
+            Wire::ApprovalDecided => Self::Run(Command::ApprovalDecided),
+            Wire::Restore { checkpoint_id } => Self::Run(Command::Restore(checkpoint_id)),
+            Wire::ToolOutputs { outputs } => Self::Run(Command::ToolOutputs(outputs)),
+            Wire::Cancel { by } => Self::Cancel(by),
         })
     }
 }
@@ -377,6 +377,7 @@ impl Feed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn posted_commands_round_trip() {
@@ -385,6 +386,7 @@ mod tests {
             Posted::Run(Command::Steer("stop".into())),
             Posted::Run(Command::FollowUp("and F3?".into())),
             Posted::Run(Command::ApprovalDecided),
+            Posted::Run(Command::Restore("cp_1".into())),
             Posted::Run(Command::ToolOutputs(vec![ClientToolOutput {
                 call_id: "c1".into(),
                 output: "42".into(),
@@ -396,6 +398,11 @@ mod tests {
             let decoded = Posted::decode(&encoded).expect("decodes");
             assert_eq!(decoded.encode(), encoded);
         }
+        assert_eq!(
+            Posted::Run(Command::Input("F2".into())).encode(),
+            json!({"type": "input", "text": "F2"}),
+            "the wire shape nodes of an earlier version read"
+        );
         assert!(Posted::decode(&json!({"type": "input"})).is_none());
         assert!(Posted::decode(&json!({"type": "reboot"})).is_none());
     }

@@ -136,7 +136,7 @@ pub struct StartRun {
 }
 
 /// The client's result for one call of a client tool.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClientToolOutput {
     pub call_id: String,
     pub output: String,
@@ -381,13 +381,7 @@ impl Runtime {
                 run.status.as_str()
             )));
         }
-        if run
-            .pending
-            .as_ref()
-            .and_then(|p| p.get("type"))
-            .and_then(Value::as_str)
-            == Some("client_tool")
-        {
+        if matches!(run.pending, Some(keel_protocol::Pending::ClientTool { .. })) {
             return Err(CoreError::Conflict(format!(
                 "run {id} waits for client tool outputs, not for text input"
             )));
@@ -405,12 +399,7 @@ impl Runtime {
     ) -> Result<(), CoreError> {
         let run = self.get_run(tenant, id).await?;
         let waiting_for_client = run.status == RunStatus::WaitingInput
-            && run
-                .pending
-                .as_ref()
-                .and_then(|p| p.get("type"))
-                .and_then(Value::as_str)
-                == Some("client_tool");
+            && matches!(run.pending, Some(keel_protocol::Pending::ClientTool { .. }));
         if !waiting_for_client {
             return Err(CoreError::Conflict(format!(
                 "run {id} is not waiting for client tool outputs ({})",

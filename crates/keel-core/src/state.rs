@@ -3,8 +3,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use keel_protocol::{Pending, Risk};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LoopState {
@@ -59,6 +60,9 @@ pub enum WaitKind {
     MissingArguments,
     /// The model asked through `clarify`.
     Clarify,
+    /// A policy rule wants the user to confirm the call first (for
+    /// example: the model was not confident enough).
+    Confirm,
 }
 
 /// A call held until the user answers.
@@ -85,27 +89,21 @@ impl Waiting {
             id: self.call_id.clone(),
             name: match self.kind {
                 WaitKind::Clarify => crate::clarify::CLARIFY_TOOL.into(),
-                WaitKind::MissingArguments => self.tool.clone(),
+                WaitKind::MissingArguments | WaitKind::Confirm => self.tool.clone(),
             },
             arguments: String::new(),
         }
     }
 
     /// The run's public `pending` field.
-    pub fn pending(&self) -> Value {
-        let mut pending = json!({
-            "type": "input",
-            "question": self.question,
-            "tool": self.tool,
-            "missing_slots": self.slots,
-            "round": self.round,
-        });
-        if self.handoff
-            && let Some(p) = pending.as_object_mut()
-        {
-            p.insert("handoff".into(), Value::Bool(true));
+    pub fn pending(&self) -> Pending {
+        Pending::Input {
+            question: self.question.clone(),
+            tool: self.tool.clone(),
+            missing_slots: self.slots.clone(),
+            round: self.round,
+            handoff: self.handoff,
         }
-        pending
     }
 }
 
@@ -123,15 +121,14 @@ pub struct AwaitingApproval {
 
 impl AwaitingApproval {
     /// The run's public `pending` field.
-    pub fn pending(&self, risk: &str, reason: &str) -> Value {
-        json!({
-            "type": "approval",
-            "approval_id": self.approval_id,
-            "tool": self.tool,
-            "arguments": self.arguments,
-            "risk": risk,
-            "reason": reason,
-            "expires_at": self.expires_at,
-        })
+    pub fn pending(&self, risk: Risk, reason: &str) -> Pending {
+        Pending::Approval {
+            approval_id: self.approval_id.clone(),
+            tool: self.tool.clone(),
+            arguments: self.arguments.clone(),
+            risk,
+            reason: reason.to_owned(),
+            expires_at: self.expires_at,
+        }
     }
 }

@@ -21,8 +21,8 @@ pub fn record(agent: &str, events: &[Event]) {
             }
             EventKind::LoopDetected {
                 detector, level, ..
-            } if level == "critical" => {
-                metrics::counter!("keel_loop_blocks_total", "detector" => detector.clone())
+            } if *level == keel_protocol::LoopLevel::Critical => {
+                metrics::counter!("keel_loop_blocks_total", "detector" => detector.as_str())
                     .increment(1);
             }
             EventKind::RunCompleted { reason, .. } => {

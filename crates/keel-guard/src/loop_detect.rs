@@ -153,47 +153,8 @@ impl Default for LoopSettings {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Detector {
-    GenericRepeat,
-    KnownPollNoProgress,
-    PingPong,
-    GlobalCircuitBreaker,
-    UnknownToolRepeat,
-    ErrorStreak,
-}
-
-impl Detector {
-    /// The name used in `loop_detected` events and metrics labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::GenericRepeat => "generic_repeat",
-            Self::KnownPollNoProgress => "known_poll_no_progress",
-            Self::PingPong => "ping_pong",
-            Self::GlobalCircuitBreaker => "global_circuit_breaker",
-            Self::UnknownToolRepeat => "unknown_tool_repeat",
-            Self::ErrorStreak => "error_streak",
-        }
-    }
-}
-
-/// Ordered so that `Critical > Warning`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Level {
-    Warning,
-    Critical,
-}
-
-impl Level {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Warning => "warning",
-            Self::Critical => "critical",
-        }
-    }
-}
+// The detectors and levels are part of the event vocabulary (`loop_detected`).
+pub use keel_protocol::{LoopDetector as Detector, LoopLevel as Level};
 
 /// A detector that fired for a proposed call.
 #[derive(Debug, Clone, PartialEq)]

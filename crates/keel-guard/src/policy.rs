@@ -13,6 +13,8 @@ use serde_json::Value;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum PolicyDecision {
     Execute,
+    /// The user confirms first (e.g. the model was not confident enough).
+    Clarify,
     Approve,
     Deny,
 }
@@ -21,6 +23,7 @@ impl PolicyDecision {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Execute => "execute",
+            Self::Clarify => "clarify",
             Self::Approve => "approve",
             Self::Deny => "deny",
         }
@@ -31,6 +34,7 @@ impl From<RuleDecision> for PolicyDecision {
     fn from(d: RuleDecision) -> Self {
         match d {
             RuleDecision::Execute => Self::Execute,
+            RuleDecision::Clarify => Self::Clarify,
             RuleDecision::Approve => Self::Approve,
             RuleDecision::Deny => Self::Deny,
         }
@@ -94,6 +98,8 @@ pub struct PolicyInput<'a> {
     pub calls_of_tool: u32,
     /// Calls of any tool already executed in this run.
     pub tool_calls: u32,
+    /// The model's stated confidence in this call, when it gave one.
+    pub confidence: Option<f64>,
 }
 
 /// The configured policy, with every regex compiled once at startup.
@@ -115,6 +121,7 @@ struct Rule {
     min_risk: Option<Risk>,
     arguments: Vec<(String, Matcher)>,
     max_calls_per_run: Option<u32>,
+    min_confidence: Option<f64>,
     decision: PolicyDecision,
     reason: Option<String>,
 }
@@ -242,6 +249,7 @@ fn compile_rule(rule: &PolicyRule) -> Result<Rule, PolicyError> {
         min_risk: rule.min_risk,
         arguments,
         max_calls_per_run: rule.max_calls_per_run,
+        min_confidence: rule.min_confidence,
         decision: rule.decision.into(),
         reason: rule.reason.clone(),
     })
@@ -284,6 +292,9 @@ impl Rule {
             && self
                 .max_calls_per_run
                 .is_none_or(|n| input.calls_of_tool >= n)
+            && self
+                .min_confidence
+                .is_none_or(|min| input.confidence.is_some_and(|c| c < min))
             && self.arguments.iter().all(|(name, m)| {
                 input
                     .args

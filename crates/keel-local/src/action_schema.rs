@@ -8,7 +8,7 @@ use keel_protocol::ToolSchema;
 use serde_json::{Map, Value, json};
 
 /// The reserved function through which the model asks the user (SPEC §4).
-pub const CLARIFY_TOOL: &str = "clarify";
+pub use keel_protocol::CLARIFY_TOOL;
 
 /// A string argument without its own bound gets this one.
 pub(crate) const ARG_STRING_MAX: u64 = 128;

@@ -396,6 +396,7 @@ impl<'m> Engine<'m> {
                 tool_calls: Vec::new(),
                 usage,
                 finish_reason: Some(finish.into()),
+                understanding: Default::default(),
             })
         }
     }
@@ -619,6 +620,10 @@ pub(crate) fn action_response(
         tool_calls,
         usage,
         finish_reason: Some(finish_reason),
+        understanding: value
+            .as_object()
+            .map(keel_protocol::Understanding::from_object)
+            .unwrap_or_default(),
     })
 }
 

@@ -89,6 +89,51 @@ impl std::fmt::Display for FeedbackCode {
     }
 }
 
+/// Which loop detector fired (`loop_detected.detector`, SPEC §4.10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoopDetector {
+    GenericRepeat,
+    KnownPollNoProgress,
+    PingPong,
+    GlobalCircuitBreaker,
+    UnknownToolRepeat,
+    ErrorStreak,
+}
+
+impl LoopDetector {
+    /// The name used in `loop_detected` events and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GenericRepeat => "generic_repeat",
+            Self::KnownPollNoProgress => "known_poll_no_progress",
+            Self::PingPong => "ping_pong",
+            Self::GlobalCircuitBreaker => "global_circuit_breaker",
+            Self::UnknownToolRepeat => "unknown_tool_repeat",
+            Self::ErrorStreak => "error_streak",
+        }
+    }
+}
+
+/// How serious a loop hit is; ordered so that `Critical > Warning`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoopLevel {
+    /// The call runs; the model is warned.
+    Warning,
+    /// The call is blocked.
+    Critical,
+}
+
+impl LoopLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Warning => "warning",
+            Self::Critical => "critical",
+        }
+    }
+}
+
 /// Why a run completed (`run_completed.reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -252,7 +297,7 @@ pub enum EventKind {
         approval_id: String,
         tool: String,
         arguments: Value,
-        risk: String,
+        risk: crate::Risk,
         reason: String,
     },
     ApprovalResolved {
@@ -262,8 +307,8 @@ pub enum EventKind {
         reason: String,
     },
     LoopDetected {
-        detector: String,
-        level: String,
+        detector: LoopDetector,
+        level: LoopLevel,
         tool: String,
         count: u32,
     },

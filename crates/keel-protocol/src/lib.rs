@@ -15,12 +15,16 @@ pub mod tool;
 
 pub use coord::{Coordination, Notice, Notices, QueuedCommand, SingleNode};
 pub use event::{
-    Action, ClientCall, CompletionReason, Decision, Event, EventKind, FeedbackCode, PlannedCall,
+    Action, ClientCall, CompletionReason, Decision, Event, EventKind, FeedbackCode, LoopDetector,
+    LoopLevel, PlannedCall,
 };
 pub use message::{Message, ToolCall};
-pub use model::{ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolSchema};
+pub use model::{
+    CLARIFY_TOOL, ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolSchema,
+    Understanding,
+};
 pub use principal::Principal;
-pub use run::{Budget, ErrorBody, RunRecord, RunStatus, Usage};
+pub use run::{Budget, ErrorBody, Pending, RunRecord, RunStatus, Usage};
 pub use store::{
     ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, NewRun, RunFilter, RunPage, RunPatch,
     Store, StoreError,

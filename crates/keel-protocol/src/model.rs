@@ -8,6 +8,11 @@ use serde_json::Value;
 
 use crate::{Message, ToolCall};
 
+/// The reserved function through which the model asks the user for the
+/// arguments of one tool (SPEC §4.2). Every provider and the loop use this
+/// one name.
+pub const CLARIFY_TOOL: &str = "clarify";
+
 /// A function offered to the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSchema {
@@ -30,6 +35,60 @@ pub struct TokenUsage {
     pub completion_tokens: u64,
 }
 
+/// What the model says about its own decision, when it says it: JSON tool
+/// mode asks for it with every action, and `clarify` takes it as optional
+/// arguments. Policy rules may act on the confidence (`min_confidence`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Understanding {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<String>,
+    /// 0.0 to 1.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub brief_rationale: Option<String>,
+}
+
+impl Understanding {
+    /// Reads the fields from an action or argument object, leniently: a
+    /// field of the wrong type is left out, a confidence is clamped to
+    /// 0..=1, and a percentage (`85`) is read as 0.85.
+    pub fn from_object(object: &serde_json::Map<String, Value>) -> Self {
+        let text = |k: &str| {
+            object
+                .get(k)
+                .and_then(Value::as_str)
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+        };
+        let confidence = object
+            .get("confidence")
+            .and_then(|c| match c {
+                Value::Number(n) => n.as_f64(),
+                Value::String(s) => s.trim().trim_end_matches('%').parse().ok(),
+                _ => None,
+            })
+            .filter(|c| c.is_finite() && *c >= 0.0)
+            .map(|c| {
+                if c > 1.0 && c <= 100.0 {
+                    c / 100.0
+                } else {
+                    c.min(1.0)
+                }
+            });
+        Self {
+            intent: text("intent"),
+            confidence,
+            brief_rationale: text("brief_rationale"),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.intent.is_none() && self.confidence.is_none() && self.brief_rationale.is_none()
+    }
+}
+
 /// The model's whole reply, reassembled. Reasoning text never reaches here.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ModelResponse {
@@ -37,6 +96,8 @@ pub struct ModelResponse {
     pub tool_calls: Vec<ToolCall>,
     pub usage: TokenUsage,
     pub finish_reason: Option<String>,
+    /// The model's stated intent and confidence, when it gave them.
+    pub understanding: Understanding,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -101,6 +101,35 @@ impl ErrorBody {
     }
 }
 
+/// What a waiting run waits for: the run's public `pending` field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Pending {
+    /// An answer from the user (`waiting_input`): to a clarification, or,
+    /// after a handoff, from a person.
+    Input {
+        question: String,
+        /// The tool the answer unblocks.
+        tool: String,
+        missing_slots: Vec<String>,
+        round: u32,
+        /// Clarification rounds ran out and a person is asked instead.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        handoff: bool,
+    },
+    /// A person's decision on a call (`waiting_approval`).
+    Approval {
+        approval_id: String,
+        tool: String,
+        arguments: serde_json::Value,
+        risk: crate::Risk,
+        reason: String,
+        expires_at: DateTime<Utc>,
+    },
+    /// Outputs of client tool calls (`waiting_input`, Responses API).
+    ClientTool { calls: Vec<crate::ClientCall> },
+}
+
 /// A run as stored and as returned by `GET /ai/runs/{id}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
@@ -111,8 +140,9 @@ pub struct RunRecord {
     pub status: RunStatus,
     pub input: String,
     pub output: Option<String>,
-    /// What the run waits for (a clarification or an approval), when it waits.
-    pub pending: Option<serde_json::Value>,
+    /// What the run waits for (an answer, an approval, client tool
+    /// outputs), when it waits.
+    pub pending: Option<Pending>,
     pub steps: u32,
     pub usage: Usage,
     pub error: Option<ErrorBody>,

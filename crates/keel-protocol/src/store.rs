@@ -38,8 +38,8 @@ pub struct NewRun {
 pub struct RunPatch {
     pub status: Option<RunStatus>,
     pub output: Option<String>,
-    /// `Some(Value::Null)` clears it.
-    pub pending: Option<Value>,
+    /// `Some(None)` clears it; `None` keeps it.
+    pub pending: Option<Option<crate::Pending>>,
     pub steps: Option<u32>,
     pub usage: Option<Usage>,
     pub error: Option<ErrorBody>,
@@ -139,7 +139,7 @@ pub struct ApprovalRecord {
     pub call_id: String,
     pub tool: String,
     pub arguments: Value,
-    pub risk: String,
+    pub risk: crate::Risk,
     pub reason: String,
     pub status: ApprovalStatus,
     pub decided_by: Option<String>,

@@ -89,7 +89,13 @@ async fn data_survives_reconnect() {
                 messages: vec![Message::user("hi"), Message::user("again")],
                 patch: Some(RunPatch {
                     status: Some(RunStatus::WaitingInput),
-                    pending: Some(serde_json::json!({"question": "which city?"})),
+                    pending: Some(Some(keel_protocol::Pending::Input {
+                        question: "which city?".into(),
+                        tool: "weather".into(),
+                        missing_slots: vec!["city".into()],
+                        round: 1,
+                        handoff: false,
+                    })),
                     steps: Some(2),
                     state: Some(serde_json::json!({"counters": {"repeat": 1}})),
                     ..RunPatch::default()

@@ -501,14 +501,21 @@ pub async fn patch_semantics(store: &Arc<dyn Store>) {
         prompt_tokens: 100,
         completion_tokens: 20,
     };
-    let pending = json!({"kind": "approval", "approval_id": "ap_1", "tool": "wire"});
+    let pending = keel_protocol::Pending::Approval {
+        approval_id: "ap_1".into(),
+        tool: "wire".into(),
+        arguments: json!({"amount": 5}),
+        risk: keel_protocol::Risk::Dangerous,
+        reason: "wire transfers need approval".into(),
+        expires_at: keel_protocol::now(),
+    };
     let state = json!({"counters": {"repeat": 2}, "pending_call": null});
     store
         .commit(
             &run.id,
             patch_only(RunPatch {
                 status: Some(RunStatus::WaitingApproval),
-                pending: Some(pending.clone()),
+                pending: Some(Some(pending.clone())),
                 steps: Some(3),
                 usage: Some(usage),
                 state: Some(state.clone()),
@@ -556,7 +563,7 @@ pub async fn patch_semantics(store: &Arc<dyn Store>) {
             &run.id,
             patch_only(RunPatch {
                 status: Some(RunStatus::Running),
-                pending: Some(Value::Null),
+                pending: Some(None),
                 ..RunPatch::default()
             }),
         )
@@ -892,7 +899,7 @@ pub fn approval(run: &RunRecord, call_id: &str) -> ApprovalRecord {
         call_id: call_id.to_owned(),
         tool: "wire_money".into(),
         arguments: json!({"to": "acct-1", "amount": 125.5, "memo": null}),
-        risk: "dangerous".into(),
+        risk: keel_protocol::Risk::Dangerous,
         reason: "requires approval".into(),
         status: ApprovalStatus::Pending,
         decided_by: None,
@@ -912,7 +919,7 @@ async fn request_approvals(store: &Arc<dyn Store>, run: &RunRecord, approvals: &
             approval_id: a.id.clone(),
             tool: a.tool.clone(),
             arguments: a.arguments.clone(),
-            risk: a.risk.clone(),
+            risk: a.risk,
             reason: a.reason.clone(),
         })
         .collect();

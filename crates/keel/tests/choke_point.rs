@@ -525,3 +525,85 @@ reason = "one gate per run"
     assert_eq!(completed.data["reason"], "budget_exhausted");
     assert!(model.violations().is_empty(), "{:?}", model.violations());
 }
+
+#[tokio::test]
+async fn a_low_stated_confidence_asks_the_user_to_confirm_before_the_call_runs() {
+    // A model in JSON tool mode states its intent and confidence with every
+    // action (tool results reach it as text, not as tool messages).
+    let model = FakeOpenAi::start(Script::handler(|request| {
+        let conversation = request["messages"].to_string();
+        if conversation.contains("B-F2-7") {
+            return Reply::text(
+                r#"{"action":"RESPOND","answer":"F2 is running.","confidence":0.95}"#,
+            );
+        }
+        let confidence = if conversation.contains("go ahead") { 0.95 } else { 0.4 };
+        Reply::text(
+            json!({"action": "CALL_TOOL", "tool_name": "furnace_status", "arguments": {"furnace_id": "F2"},
+                   "intent": "check the furnace the user means", "confidence": confidence,
+                   "brief_rationale": "F2 is the furnace mentioned most recently"})
+            .to_string(),
+        )
+    }))
+    .await;
+    let tools = ToolServer::start().await;
+    let mut env = Env::new(&model.base_url(), &tools.base_url());
+    env.extra_tools = r#"
+[[policy.rules]]
+name = "unsure_reads"
+tools = ["furnace_status"]
+min_confidence = 0.7
+decision = "clarify"
+reason = "the model is not sure which furnace is meant"
+"#
+    .into();
+    let keel = Keel::start_with(&env, |c| {
+        c.replacen(
+            "model = \"fake-model\"",
+            "model = \"fake-model\"\ntool_mode = \"json\"",
+            1,
+        )
+    })
+    .await;
+    let id = keel.start_run("How is that furnace doing?", None).await;
+    let run = keel.wait_status(&id, "waiting_input", None).await;
+    assert!(
+        run["pending"]["question"]
+            .as_str()
+            .unwrap()
+            .contains("furnace_status"),
+        "{run}"
+    );
+    assert_eq!(
+        tools.count("furnace"),
+        0,
+        "nothing ran before the user confirmed"
+    );
+    let events = keel
+        .events_until(&id, None, None, |f| f.event == "clarification_needed")
+        .await;
+    let plan = events.iter().find(|f| f.event == "react_plan").unwrap();
+    assert_eq!(plan.data["intent"], "check the furnace the user means");
+    assert_eq!(plan.data["confidence"], 0.4);
+    let decision = events
+        .iter()
+        .find(|f| f.event == "policy_decision")
+        .unwrap();
+    assert_eq!(
+        (&decision.data["decision"], &decision.data["rule"]),
+        (&json!("clarify"), &json!("unsure_reads"))
+    );
+    keel.post(
+        &format!("/ai/runs/{id}/input"),
+        json!({"text": "Yes, F2, go ahead"}),
+        None,
+    )
+    .await;
+    let run = keel.wait_status(&id, "completed", None).await;
+    assert_eq!(run["output"], "F2 is running.");
+    assert_eq!(
+        tools.calls(),
+        vec![("furnace".to_owned(), json!({"furnace_id": "F2"}))]
+    );
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}

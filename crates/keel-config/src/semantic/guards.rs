@@ -39,6 +39,14 @@ fn check_policy(config: &Config, found: &mut Findings) {
         for (arg, matcher) in &rule.when_arguments {
             check_matcher(found, &at.key("when_arguments").key(arg), matcher);
         }
+        if let Some(c) = rule.min_confidence
+            && !(0.0..=1.0).contains(&c)
+        {
+            found.error_at(
+                &at.key("min_confidence"),
+                format!("must be between 0.0 and 1.0, not {c}"),
+            );
+        }
     }
 }
 

@@ -42,7 +42,7 @@ impl RunActor {
             call_id: call.id.clone(),
             tool: call.name.clone(),
             arguments: args.clone(),
-            risk: risk.as_str().into(),
+            risk,
             reason: reason.clone(),
             status: ApprovalStatus::Pending,
             decided_by: None,
@@ -59,19 +59,19 @@ impl RunActor {
             arguments: args.clone(),
             expires_at: record.expires_at,
         };
-        let pending = awaiting.pending(risk.as_str(), &reason);
+        let pending = awaiting.pending(risk, &reason);
         self.state.awaiting_approval = Some(awaiting);
         events.push(EventKind::ApprovalRequired {
             approval_id: record.id.clone(),
             tool: call.name.clone(),
             arguments: args,
-            risk: risk.as_str().into(),
+            risk,
             reason,
         });
         self.status = RunStatus::WaitingApproval;
         let patch = RunPatch {
             status: Some(RunStatus::WaitingApproval),
-            pending: Some(pending),
+            pending: Some(Some(pending)),
             ..RunPatch::default()
         };
         self.commit_with(events, Vec::new(), patch, vec![record])
@@ -178,7 +178,9 @@ impl RunActor {
             // the budgets may have changed while it waited, and denials
             // still apply. The approval satisfies the approval stage.
             let snapshot = self.snapshot();
-            let flow = self.decide(&call, &snapshot, Origin::Approved).await?;
+            let flow = self
+                .decide(&call, &snapshot, Origin::Approved, &Default::default())
+                .await?;
             self.flush_notes().await?;
             match flow {
                 CallFlow::Done(answer) => return Ok(Flow::Answered(answer)),

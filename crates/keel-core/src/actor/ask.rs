@@ -109,7 +109,12 @@ impl RunActor {
                     ..call
                 };
                 let flow = self
-                    .decide(&call, &snapshot, Origin::ClarificationAnswer)
+                    .decide(
+                        &call,
+                        &snapshot,
+                        Origin::ClarificationAnswer,
+                        &Default::default(),
+                    )
                     .await?;
                 return self.after_answered_call(flow).await;
             }
@@ -123,12 +128,17 @@ impl RunActor {
                  call with the values it gives, or ask again if it does not give them.",
                 w.slots.join(", ")
             ),
+            WaitKind::Confirm => {
+                "Not executed: the user was asked to confirm this call. Their answer follows \
+                                  as the next message: make the call again only if they confirm it."
+                    .to_owned()
+            }
         };
         let result = Message::Tool {
             call_id: call.id.clone(),
             name: call.name.clone(),
             content: held,
-            is_error: w.kind == WaitKind::MissingArguments,
+            is_error: w.kind != WaitKind::Clarify,
         };
         self.commit(Vec::new(), vec![result, Message::user(reply)])
             .await?;

@@ -4,8 +4,7 @@
 //! observed (verified, fenced) like any tool result.
 
 use keel_guard::loop_detect::call_fingerprint;
-use keel_protocol::{EventKind, RunStatus, ToolOutput};
-use serde_json::json;
+use keel_protocol::{EventKind, Pending, RunStatus, ToolOutput};
 
 use super::{Exit, Flow, RunActor, synthetic_result};
 use crate::pipeline::parse_arguments;
@@ -15,7 +14,9 @@ impl RunActor {
     /// The run waits (status `waiting_input`) until the caller sends the outputs.
     pub(super) async fn enter_client_wait(&mut self) -> Result<(), Exit> {
         let calls = self.client_calls();
-        let pending = json!({"type": "client_tool", "calls": calls});
+        let pending = Pending::ClientTool {
+            calls: calls.clone(),
+        };
         let event = EventKind::WaitingClientTool { calls };
         self.commit_status(
             vec![event],

@@ -93,7 +93,7 @@ impl RunActor {
         let patch = RunPatch {
             status: Some(RunStatus::Failed),
             error: Some(error.clone()),
-            pending: Some(serde_json::Value::Null),
+            pending: Some(None),
             ..RunPatch::default()
         };
         self.commit_patch(vec![EventKind::RunFailed { error }], Vec::new(), patch)
@@ -114,7 +114,7 @@ impl RunActor {
         self.status = RunStatus::Cancelled;
         let patch = RunPatch {
             status: Some(RunStatus::Cancelled),
-            pending: Some(serde_json::Value::Null),
+            pending: Some(None),
             ..RunPatch::default()
         };
         self.commit_patch(vec![EventKind::RunCancelled { by }], Vec::new(), patch)

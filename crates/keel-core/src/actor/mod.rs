@@ -291,7 +291,7 @@ impl RunActor {
         let patch = RunPatch {
             status: Some(RunStatus::Completed),
             output: Some(answer.text),
-            pending: Some(serde_json::Value::Null),
+            pending: Some(None),
             ..RunPatch::default()
         };
         self.commit_patch(events, vec![message], patch).await?;
@@ -307,7 +307,7 @@ impl RunActor {
     }
 
     /// The run as the guard pipeline sees it.
-    fn view(&self) -> RunView<'_> {
+    fn view<'a>(&'a self, stated: &'a keel_protocol::Understanding) -> RunView<'a> {
         RunView {
             principal: &self.principal,
             agent: &self.agent.config,
@@ -315,6 +315,7 @@ impl RunActor {
             state: &self.state,
             usage: self.usage,
             run_id: &self.run_id,
+            stated,
         }
     }
 
@@ -380,12 +381,12 @@ impl RunActor {
         events: Vec<EventKind>,
         messages: Vec<Message>,
         status: RunStatus,
-        pending: Option<serde_json::Value>,
+        pending: Option<keel_protocol::Pending>,
     ) -> Result<(), Exit> {
         self.status = status;
         let patch = RunPatch {
             status: Some(status),
-            pending: Some(pending.unwrap_or(serde_json::Value::Null)),
+            pending: Some(pending),
             ..RunPatch::default()
         };
         self.commit_patch(events, messages, patch).await

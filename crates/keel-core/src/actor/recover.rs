@@ -28,7 +28,10 @@ impl RunActor {
             let origin = Origin::Recovered {
                 started: started.contains(&call.id),
             };
-            match self.decide(call, &snapshot, origin).await? {
+            match self
+                .decide(call, &snapshot, origin, &Default::default())
+                .await?
+            {
                 CallFlow::Next => {}
                 CallFlow::Wait => {
                     self.skip_calls(

@@ -5,12 +5,14 @@
 use std::collections::HashSet;
 use std::time::Instant as StdInstant;
 
-use keel_protocol::{Action, Budget, CompletionReason, EventKind, Message, PlannedCall, ToolCall};
+use keel_protocol::{
+    Action, Budget, CompletionReason, EventKind, Message, PlannedCall, ToolCall, Understanding,
+};
 use serde_json::Value;
 
 use super::apply::CallFlow;
 use super::{Answer, Exit, Flow, RunActor, synthetic_result};
-use crate::clarify::{self, CLARIFY_TOOL};
+use crate::clarify::{self, CLARIFY_TOOL, ClarifyRequest};
 use crate::pipeline::{self, Origin, ToolSnapshot, parse_arguments};
 use crate::prompt;
 
@@ -63,7 +65,8 @@ impl RunActor {
             }));
         }
         dedupe_ids(&mut calls);
-        self.hold_plan(response.text, &calls);
+        let stated = stated_understanding(response.understanding, &calls);
+        self.hold_plan(response.text, &calls, &stated);
         let mut tool_time = std::time::Duration::ZERO;
         for (i, call) in calls.iter().enumerate() {
             if i > 0 {
@@ -75,7 +78,9 @@ impl RunActor {
                 }
             }
             let t = StdInstant::now();
-            let flow = self.decide(call, &snapshot, Origin::ModelTurn).await?;
+            let flow = self
+                .decide(call, &snapshot, Origin::ModelTurn, &stated)
+                .await?;
             tool_time += t.elapsed();
             match flow {
                 CallFlow::Next => {}
@@ -111,19 +116,21 @@ impl RunActor {
     }
 
     /// Judges one call with the guard pipeline and carries out the verdict.
+    /// `stated` is what the model said about its turn (intent, confidence).
     pub(super) async fn decide(
         &mut self,
         call: &ToolCall,
         snapshot: &ToolSnapshot,
         origin: Origin,
+        stated: &Understanding,
     ) -> Result<CallFlow, Exit> {
-        let verdict = pipeline::evaluate(call, snapshot, &self.view(), origin);
+        let verdict = pipeline::evaluate(call, snapshot, &self.view(stated), origin);
         self.apply(call, verdict, snapshot).await
     }
 
     /// The model's proposal (`react_plan`) and its assistant message, held
     /// until the first decision commits.
-    fn hold_plan(&mut self, text: String, calls: &[ToolCall]) {
+    fn hold_plan(&mut self, text: String, calls: &[ToolCall], stated: &Understanding) {
         let action = if calls.iter().any(|c| c.name == CLARIFY_TOOL) {
             Action::Clarify
         } else {
@@ -138,14 +145,19 @@ impl RunActor {
                     .unwrap_or_else(|_| Value::String(c.arguments.clone())),
             })
             .collect();
+        let missing_slots = calls
+            .iter()
+            .find(|c| c.name == CLARIFY_TOOL)
+            .map(|c| ClarifyRequest::parse(&c.arguments).missing_slots)
+            .filter(|s| !s.is_empty());
         let plan = EventKind::ReactPlan {
             step: self.steps,
             action,
             tool_calls: planned,
-            intent: None,
-            confidence: None,
-            missing_slots: None,
-            brief_rationale: None,
+            intent: stated.intent.clone(),
+            confidence: stated.confidence,
+            missing_slots,
+            brief_rationale: stated.brief_rationale.clone(),
         };
         let assistant = Message::Assistant {
             content: text,
@@ -184,6 +196,19 @@ impl RunActor {
         let messages = calls.iter().map(|c| synthetic_result(c, why)).collect();
         self.commit(Vec::new(), messages).await
     }
+}
+
+/// What the model said about its turn: the reply's own fields (JSON tool
+/// mode), else the optional `intent`/`confidence` of a `clarify` call.
+fn stated_understanding(reply: Understanding, calls: &[ToolCall]) -> Understanding {
+    if !reply.is_empty() {
+        return reply;
+    }
+    calls
+        .iter()
+        .find(|c| c.name == CLARIFY_TOOL)
+        .map(|c| ClarifyRequest::parse(&c.arguments).understanding)
+        .unwrap_or_default()
 }
 
 /// Models sometimes reuse or omit call ids; each call needs its own for its result.

@@ -25,7 +25,8 @@ use keel_guard::loop_detect::{Detector, LoopHit, LoopSettings, Outcome, call_fin
 use keel_guard::policy::{PolicyDecision, PolicyInput};
 use keel_guard::schema::ViolationKind;
 use keel_protocol::{
-    Budget, Decision, EventKind, FeedbackCode, Principal, Risk, ToolCall, ToolSource, Usage,
+    Budget, Decision, EventKind, FeedbackCode, Principal, Risk, ToolCall, ToolSource,
+    Understanding, Usage,
 };
 use serde_json::Value;
 
@@ -72,6 +73,8 @@ pub struct RunView<'a> {
     pub state: &'a LoopState,
     pub usage: Usage,
     pub run_id: &'a str,
+    /// What the model said about the turn's calls (intent, confidence).
+    pub stated: &'a Understanding,
 }
 
 /// Where an allowed call runs.
@@ -113,6 +116,8 @@ impl Cleared {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ask {
     pub kind: WaitKind,
+    /// The rule that asks (`policy_decision.rule`).
+    pub rule: String,
     pub tool: String,
     /// The arguments known so far.
     pub args: Value,
@@ -214,15 +219,11 @@ impl Verdict {
                 if ask.kind == WaitKind::MissingArguments {
                     events.push(missing_feedback(step, ask));
                 }
-                let rule = match ask.kind {
-                    WaitKind::MissingArguments => "missing_required_arguments",
-                    WaitKind::Clarify => "actionable_clarify",
+                let reason = match ask.kind {
+                    WaitKind::Confirm => format!("asking the user to confirm `{}`", ask.tool),
+                    _ => format!("asking the user for {}", ask.slots.join(", ")),
                 };
-                events.push(decision(
-                    Decision::Clarify,
-                    rule,
-                    &format!("asking the user for {}", ask.slots.join(", ")),
-                ));
+                events.push(decision(Decision::Clarify, &ask.rule, &reason));
                 events
             }
             Verdict::ClarifyExhausted { ask, then, rounds } => {
@@ -275,8 +276,8 @@ fn missing_feedback(step: u32, ask: &Ask) -> EventKind {
 
 fn loop_event(hit: &LoopHit) -> EventKind {
     EventKind::LoopDetected {
-        detector: hit.detector.as_str().into(),
-        level: hit.level.as_str().into(),
+        detector: hit.detector,
+        level: hit.level,
         tool: hit.tool.clone(),
         count: hit.count,
     }
@@ -381,6 +382,7 @@ pub fn evaluate(
             run,
             Ask {
                 kind: WaitKind::MissingArguments,
+                rule: "missing_required_arguments".into(),
                 tool: reg.spec.name.clone(),
                 args,
                 slots,
@@ -440,6 +442,7 @@ pub fn evaluate(
         args: &args,
         calls_of_tool,
         tool_calls: u32::try_from(run.usage.tool_calls).unwrap_or(u32::MAX),
+        confidence: run.stated.confidence,
     });
     let target = if reg.spec.source == ToolSource::Client {
         Target::Client
@@ -452,8 +455,33 @@ pub fn evaluate(
             reason: verdict.reason,
             result: None,
         },
+        PolicyDecision::Clarify if !origin.authorized() => {
+            let question = format!(
+                "Before I run {} with {}: is this what you want? ({})",
+                reg.spec.name, args, verdict.reason
+            );
+            ask(
+                run,
+                Ask {
+                    kind: WaitKind::Confirm,
+                    rule: verdict.rule,
+                    tool: reg.spec.name.clone(),
+                    args,
+                    slots: Vec::new(),
+                    missing: Vec::new(),
+                    question,
+                },
+            )
+        }
         // 9. approval
-        PolicyDecision::Approve if origin.authorized() => Verdict::Execute(Cleared {
+        PolicyDecision::Approve if !origin.authorized() => Verdict::NeedsApproval {
+            args,
+            risk: reg.spec.risk,
+            rule: verdict.rule,
+            reason: verdict.reason,
+        },
+        // A person already decided: an approval outranks a confirmation.
+        PolicyDecision::Approve | PolicyDecision::Clarify => Verdict::Execute(Cleared {
             args,
             target,
             rule: "approved".into(),
@@ -463,12 +491,6 @@ pub fn evaluate(
             },
             warning,
         }),
-        PolicyDecision::Approve => Verdict::NeedsApproval {
-            args,
-            risk: reg.spec.risk,
-            rule: verdict.rule,
-            reason: verdict.reason,
-        },
         PolicyDecision::Execute => Verdict::Execute(Cleared {
             args,
             target,
@@ -654,6 +676,7 @@ fn clarify_request(call: &ToolCall, tools: &ToolSnapshot, run: &RunView<'_>) -> 
                 run,
                 Ask {
                     kind: WaitKind::Clarify,
+                    rule: "actionable_clarify".into(),
                     tool: spec.name.clone(),
                     args: Value::Object(Default::default()),
                     question: clarify::question_for(spec, &slots, Some(&req.question)),

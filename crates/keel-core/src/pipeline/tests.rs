@@ -10,7 +10,7 @@ use keel_guard::loop_detect::{CallRecord, Detector, Level, Outcome, call_fingerp
 use keel_guard::policy::Policy;
 use keel_protocol::{
     Budget, Decision, EventKind, FeedbackCode, Principal, Risk, Tool, ToolCall, ToolContext,
-    ToolError, ToolOutput, ToolSchema, ToolSpec, Usage,
+    ToolError, ToolOutput, ToolSchema, ToolSpec, Understanding, Usage,
 };
 use serde_json::{Value, json};
 
@@ -100,6 +100,7 @@ struct Case {
     usage: Usage,
     tools: ToolSnapshot,
     origin: Origin,
+    stated: Understanding,
 }
 
 impl Case {
@@ -111,6 +112,7 @@ impl Case {
             usage: Usage::default(),
             tools: tools(),
             origin: Origin::ModelTurn,
+            stated: Understanding::default(),
         }
     }
 
@@ -123,6 +125,7 @@ impl Case {
             state: &self.state,
             usage: self.usage,
             run_id: "run_1",
+            stated: &self.stated,
         };
         let call = ToolCall {
             id: "c1".into(),
@@ -533,4 +536,45 @@ fn the_first_refusing_stage_decides() {
         case.eval("restart_furnace", "{}"),
         Verdict::Ask(_)
     ));
+}
+
+#[test]
+fn a_low_stated_confidence_asks_the_user_or_a_person_as_the_rule_says() {
+    let mut case = Case::new();
+    case.guards = guards(
+        json!({"rules": [
+            {"name": "unsure_status", "tools": ["furnace_status"], "min_confidence": 0.7, "decision": "clarify"},
+            {"name": "unsure_restart", "tools": ["restart_furnace"], "min_confidence": 0.9, "decision": "approve"}
+        ]}),
+        json!([]),
+    );
+    let args = r#"{"furnace_id":"F2"}"#;
+    // Nothing stated: nothing to judge.
+    assert!(executes(&case.eval("furnace_status", args)).is_some());
+    case.stated.confidence = Some(0.4);
+    let v = case.eval("furnace_status", args);
+    let Verdict::Ask(ask) = &v else {
+        panic!("a low confidence asks the user to confirm: {v:?}");
+    };
+    assert_eq!(
+        (ask.kind, ask.rule.as_str()),
+        (WaitKind::Confirm, "unsure_status")
+    );
+    assert!(ask.question.contains("furnace_status"), "{}", ask.question);
+    assert!(matches!(
+        &v.events(1, "c1")[..],
+        [EventKind::PolicyDecision { decision: Decision::Clarify, rule, .. }] if rule == "unsure_status"
+    ));
+    case.stated.confidence = Some(0.8);
+    assert!(executes(&case.eval("furnace_status", args)).is_some());
+    assert!(matches!(
+        case.eval("restart_furnace", args),
+        Verdict::NeedsApproval { ref rule, .. } if rule == "requires_approval"
+    ));
+    case.origin = Origin::Approved;
+    case.stated.confidence = Some(0.1);
+    assert!(
+        executes(&case.eval("furnace_status", args)).is_some(),
+        "a person's approval outranks a confirmation"
+    );
 }

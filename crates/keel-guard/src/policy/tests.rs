@@ -34,6 +34,7 @@ fn decide(
         args: &args,
         calls_of_tool,
         tool_calls: calls_of_tool,
+        confidence: None,
     })
 }
 
@@ -395,4 +396,37 @@ fn invalid_regex_names_the_rule_and_argument() {
         text.ends_with("invalid regular expression: unclosed group"),
         "{text}"
     );
+}
+
+#[test]
+fn min_confidence_matches_only_a_stated_confidence_below_it() {
+    let p = policy(json!({"rules": [
+        {"name": "unsure_restart", "tools": ["restart"], "min_confidence": 0.8, "decision": "clarify"}
+    ]}));
+    let who = principal("acme", &[]);
+    let t = tool("restart");
+    let at = |confidence: Option<f64>| {
+        p.decide(&PolicyInput {
+            principal: &who,
+            tool: &t,
+            args: &json!({}),
+            calls_of_tool: 0,
+            tool_calls: 0,
+            confidence,
+        })
+    };
+    let low = at(Some(0.5));
+    assert_eq!(
+        (low.decision, low.rule.as_str()),
+        (PolicyDecision::Clarify, "unsure_restart")
+    );
+    assert_eq!(at(Some(0.9)).decision, PolicyDecision::Execute);
+    assert_eq!(
+        at(None).decision,
+        PolicyDecision::Execute,
+        "nothing stated, nothing to judge"
+    );
+    // Clarify is stricter than execute and looser than approval.
+    assert!(PolicyDecision::Execute < PolicyDecision::Clarify);
+    assert!(PolicyDecision::Clarify < PolicyDecision::Approve);
 }

@@ -195,6 +195,7 @@ impl Assembler {
                 completion_tokens: self.completion_tokens.unwrap_or(0),
             },
             finish_reason: self.stop_reason,
+            understanding: Default::default(),
         })
     }
 }

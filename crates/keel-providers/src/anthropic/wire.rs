@@ -254,6 +254,7 @@ pub(crate) fn parse_message(body: &[u8]) -> Result<ModelResponse, ModelError> {
             completion_tokens: usage.output_tokens.unwrap_or(0),
         },
         finish_reason: message.stop_reason,
+        understanding: Default::default(),
     })
 }
 

@@ -1,10 +1,11 @@
 //! Reading the model's action object out of free text, tolerantly: models
 //! wrap JSON in fences, prefix it with chatter and append explanations.
 
+use keel_protocol::Understanding;
 use serde_json::{Map, Value};
 
 /// The reserved function the loop treats as "ask the user" (SPEC §4).
-pub const CLARIFY_TOOL: &str = "clarify";
+pub use keel_protocol::CLARIFY_TOOL;
 
 /// A valid action, as the loop will see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,11 +30,19 @@ const MAX_CANDIDATES: usize = 32;
 
 /// Parses `text` into an action, or says exactly what is wrong with it, in
 /// words meant for the model's repair turn.
+#[cfg(test)]
 pub(crate) fn parse(text: &str) -> Result<Action, String> {
+    parse_with_understanding(text).map(|(action, _)| action)
+}
+
+/// The action and what the model said about it (`intent`, `confidence`,
+/// `brief_rationale`, all optional).
+pub(crate) fn parse_with_understanding(text: &str) -> Result<(Action, Understanding), String> {
     let object = find_object(text).ok_or_else(|| {
         "the reply contains no JSON object; reply with exactly one JSON object".to_string()
     })?;
-    validate(&object)
+    let action = validate(&object)?;
+    Ok((action, Understanding::from_object(&object)))
 }
 
 /// The first balanced `{…}` that parses as a JSON object; a fenced ```json
@@ -239,6 +248,25 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn intent_and_confidence_are_read_when_given() {
+        let (_, u) = parse_with_understanding(
+            r#"{"action":"CALL_TOOL","tool_name":"f","arguments":{},"intent":"restart F2","confidence":0.4,"brief_rationale":"user asked"}"#,
+        )
+        .unwrap();
+        assert_eq!(u.intent.as_deref(), Some("restart F2"));
+        assert_eq!(u.confidence, Some(0.4));
+        assert_eq!(u.brief_rationale.as_deref(), Some("user asked"));
+        let (_, u) =
+            parse_with_understanding(r#"{"action":"RESPOND","answer":"x","confidence":"85%"}"#)
+                .unwrap();
+        assert_eq!(u.confidence, Some(0.85));
+        let (_, u) =
+            parse_with_understanding(r#"{"action":"RESPOND","answer":"x","confidence":"high"}"#)
+                .unwrap();
+        assert!(u.is_empty());
     }
 
     #[test]

@@ -100,20 +100,18 @@ impl ModelClient for JsonToolMode {
             let response = self.inner.complete(&inner_request, None).await?;
             usage.prompt_tokens += response.usage.prompt_tokens;
             usage.completion_tokens += response.usage.completion_tokens;
-            let problem = match action::parse(&response.text) {
-                Ok(action) => {
+            let problem = match action::parse_with_understanding(&response.text) {
+                Ok((action, understanding)) => {
                     tracing::debug!(
                         model = %self.inner.model_name(),
                         repairs,
                         action = action_name(&action),
                         "json-mode action"
                     );
-                    return Ok(into_response(
-                        action,
-                        usage,
-                        response.finish_reason,
-                        deltas.as_ref(),
-                    ));
+                    let mut response =
+                        into_response(action, usage, response.finish_reason, deltas.as_ref());
+                    response.understanding = understanding;
+                    return Ok(response);
                 }
                 Err(problem) => problem,
             };
@@ -195,5 +193,6 @@ fn into_response(
         tool_calls,
         usage,
         finish_reason,
+        understanding: Default::default(),
     }
 }

@@ -186,6 +186,7 @@ impl Assembler {
             tool_calls,
             usage: self.usage.unwrap_or_default(),
             finish_reason: self.finish_reason,
+            understanding: Default::default(),
         })
     }
 }

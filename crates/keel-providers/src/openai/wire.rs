@@ -187,6 +187,7 @@ pub(crate) fn parse_completion(body: &[u8]) -> Result<ModelResponse, ModelError>
         tool_calls,
         usage: completion.usage.map(|u| u.to_usage()).unwrap_or_default(),
         finish_reason: choice.finish_reason,
+        understanding: Default::default(),
     })
 }
 

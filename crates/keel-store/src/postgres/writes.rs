@@ -218,8 +218,8 @@ pub(super) async fn apply_commit(
     // `pending` has three states (keep, clear, set), hence the flag next to the value.
     let (set_pending, pending) = match &patch.pending {
         None => (false, None),
-        Some(Value::Null) => (true, None),
-        Some(v) => (true, Some(to_json(v, "pending")?)),
+        Some(None) => (true, None),
+        Some(Some(p)) => (true, Some(to_json(p, "pending")?)),
     };
     sqlx::query(
         "UPDATE runs SET \

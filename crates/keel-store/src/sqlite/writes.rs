@@ -155,8 +155,8 @@ pub(super) fn commit(
     // `pending` has three states (keep, clear, set), hence the flag next to the value.
     let (set_pending, pending) = match &patch.pending {
         None => (false, None),
-        Some(Value::Null) => (true, None),
-        Some(v) => (true, Some(to_json(v, "pending")?)),
+        Some(None) => (true, None),
+        Some(Some(p)) => (true, Some(to_json(p, "pending")?)),
     };
     conn.prepare_cached(
         "UPDATE runs SET \

@@ -7,7 +7,7 @@
 //! is complete.
 
 use keel_core::Runtime;
-use keel_protocol::{EventKind, RunRecord, Usage};
+use keel_protocol::{EventKind, Pending, RunRecord, Usage};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -99,28 +99,13 @@ async fn emit(sink: Option<&mpsc::Sender<Value>>, events: Vec<Value>) -> Result<
 
 /// `(call_id, name, arguments)` of the client calls a run waits for.
 pub fn pending_calls(run: &RunRecord) -> Vec<(String, String, String)> {
-    let Some(p) = run.pending.as_ref() else {
-        return Vec::new();
-    };
-    if p.get("type").and_then(Value::as_str) != Some("client_tool") {
-        return Vec::new();
+    match &run.pending {
+        Some(Pending::ClientTool { calls }) => calls
+            .iter()
+            .map(|c| (c.call_id.clone(), c.name.clone(), c.arguments.clone()))
+            .collect(),
+        _ => Vec::new(),
     }
-    p.get("calls")
-        .and_then(Value::as_array)
-        .map(|calls| {
-            calls
-                .iter()
-                .filter_map(|c| {
-                    let s = |k: &str| c.get(k).and_then(Value::as_str).map(str::to_owned);
-                    Some((
-                        s("call_id")?,
-                        s("name")?,
-                        s("arguments").unwrap_or_default(),
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 async fn current_usage(runtime: &Runtime, seg: &Segment) -> Usage {
