@@ -64,6 +64,8 @@ fn stdio_config(name: &str, args: Vec<String>) -> McpServerConfig {
         env: BTreeMap::new(),
         url: None,
         timeout_s: 20,
+        risk: None,
+        requires_approval: None,
     }
 }
 
@@ -75,6 +77,8 @@ fn http_config(name: &str, url: &str) -> McpServerConfig {
         env: BTreeMap::new(),
         url: Some(url.into()),
         timeout_s: 20,
+        risk: None,
+        requires_approval: None,
     }
 }
 

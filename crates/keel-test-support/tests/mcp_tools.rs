@@ -21,6 +21,8 @@ fn server_config(name: &str, timeout_s: u64) -> McpServerConfig {
         env: BTreeMap::new(),
         url: None,
         timeout_s,
+        risk: None,
+        requires_approval: None,
     }
 }
 
