@@ -316,7 +316,7 @@ fn filesystem_config(root: &Path) -> McpServerConfig {
 }
 
 #[tokio::test]
-async fn filesystem_write_tools_need_approval_and_read_tools_do_not() {
+async fn filesystem_destructive_tools_need_approval_and_others_do_not() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     std::fs::write(root.join("notes.txt"), "furnace 3 is hot\n").unwrap();
@@ -346,8 +346,10 @@ async fn filesystem_write_tools_need_approval_and_read_tools_do_not() {
             "{destructive}"
         );
     }
+    // Annotated as writing but not destructive: write, and (as for a tool
+    // with no annotations) approval only if the configuration asks for it.
     let mkdir = find(&tools, "fs.create_directory").spec().clone();
-    assert_eq!((mkdir.risk, mkdir.requires_approval), (Risk::Write, true));
+    assert_eq!((mkdir.risk, mkdir.requires_approval), (Risk::Write, false));
     assert!(mkdir.idempotent);
 
     let path = root.join("notes.txt").display().to_string();
