@@ -477,9 +477,54 @@ pub struct ToolsConfig {
     pub mcp: Vec<McpServerConfig>,
     #[serde(default)]
     pub http: Vec<HttpToolConfig>,
-    /// Per-tool settings by full tool name (e.g. `plant.restart_furnace`).
+    /// Per-tool settings by full tool name (e.g. `plant.restart_furnace`) or
+    /// by glob (`plant.*`). Every matching key applies, least specific
+    /// first (see [`ToolsConfig::overrides_for`]), so a field set by a
+    /// general glob holds unless a more specific key sets it too.
     #[serde(default)]
     pub overrides: BTreeMap<String, ToolOverride>,
+}
+
+impl ToolsConfig {
+    /// The overrides whose key matches `tool`, in the order they apply:
+    /// least specific first, so the most specific key has the last word on
+    /// every field it sets. See [`OverrideSpecificity`] for the order.
+    pub fn overrides_for<'a>(&'a self, tool: &str) -> Vec<(&'a str, &'a ToolOverride)> {
+        let mut matching: Vec<(&str, &ToolOverride)> = self
+            .overrides
+            .iter()
+            .filter(|(key, _)| tool_pattern_matches(key, tool))
+            .map(|(key, o)| (key.as_str(), o))
+            .collect();
+        matching.sort_by(|(a, _), (b, _)| {
+            OverrideSpecificity::of(a)
+                .cmp(&OverrideSpecificity::of(b))
+                .then_with(|| a.cmp(b))
+        });
+        matching
+    }
+}
+
+/// How specific a `[tools.overrides]` key is; greater is more specific. An
+/// exact name beats any glob; among globs the longer literal (non-`*`) part
+/// wins, then the one with fewer `*`. Keys equal on all of these apply in
+/// the keys' text order, so the outcome never depends on file order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct OverrideSpecificity {
+    exact: bool,
+    literal: usize,
+    fewer_stars: std::cmp::Reverse<usize>,
+}
+
+impl OverrideSpecificity {
+    pub fn of(key: &str) -> Self {
+        let stars = key.chars().filter(|c| *c == '*').count();
+        Self {
+            exact: stars == 0,
+            literal: key.chars().count() - stars,
+            fewer_stars: std::cmp::Reverse(stars),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -500,6 +545,14 @@ pub struct McpServerConfig {
     /// Timeout of one tool call, in seconds.
     #[serde(default = "d_tool_timeout")]
     pub timeout_s: u64,
+    /// Risk of every tool of this server, over what its annotations say;
+    /// `[tools.overrides]` still win over it.
+    #[serde(default)]
+    pub risk: Option<Risk>,
+    /// Approval for every tool of this server, over what its annotations
+    /// say; `[tools.overrides]` still win over it.
+    #[serde(default)]
+    pub requires_approval: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -894,6 +947,54 @@ pub fn tool_pattern_matches(pattern: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::tool_pattern_matches as m;
+    use super::{OverrideSpecificity as S, ToolOverride, ToolsConfig};
+
+    #[test]
+    fn overrides_apply_from_least_to_most_specific() {
+        let tools = ToolsConfig {
+            overrides: [
+                "*",
+                "plant.*",
+                "plant.restart_*",
+                "plant.restart_furnace",
+                "other.*",
+                "p*t.*",
+            ]
+            .into_iter()
+            .map(|k| (k.to_string(), ToolOverride::default()))
+            .collect(),
+            ..ToolsConfig::default()
+        };
+        let keys = |tool: &str| -> Vec<&str> {
+            tools
+                .overrides_for(tool)
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect()
+        };
+        assert_eq!(
+            keys("plant.restart_furnace"),
+            [
+                "*",
+                "p*t.*",
+                "plant.*",
+                "plant.restart_*",
+                "plant.restart_furnace"
+            ]
+        );
+        assert_eq!(keys("plant.batch_output"), ["*", "p*t.*", "plant.*"]);
+        assert_eq!(keys("furnace_status"), ["*"]);
+
+        assert!(
+            S::of("a.b") > S::of("a.bbbbbbbbbbbbbbbbbbbb*"),
+            "exact beats any glob"
+        );
+        assert!(S::of("plant.r*") > S::of("plant.*"), "longer literal part");
+        assert!(
+            S::of("plant.*") > S::of("pla*nt.*"),
+            "fewer stars at equal literal"
+        );
+    }
 
     #[test]
     fn patterns() {

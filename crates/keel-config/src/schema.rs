@@ -222,6 +222,8 @@ static MCP: &[Field] = &[
     opt("env", Ty::Map(&Ty::Str)),
     opt("url", Ty::Str),
     opt("timeout_s", U64),
+    opt("risk", RISK),
+    opt("requires_approval", Ty::Bool),
 ];
 
 static HTTP: &[Field] = &[
@@ -680,6 +682,8 @@ mod tests {
                     env: [("A".to_string(), "b".to_string())].into(),
                     url: Some("http://u".into()),
                     timeout_s: 1,
+                    risk: Some(keel_protocol::Risk::Read),
+                    requires_approval: Some(true),
                 }],
                 http: vec![HttpToolConfig {
                     name: "h".into(),

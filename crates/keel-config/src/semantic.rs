@@ -294,18 +294,18 @@ fn check_tools(config: &Config, env: &dyn Env, found: &mut Findings) {
         check_http_tool(found, env, &tools.key("http").index(i), tool);
     }
 
-    for name in config.tools.overrides.keys() {
-        let known = config.tools.http.iter().any(|h| &h.name == name)
-            || BUILTIN_TOOLS.contains(&name.as_str())
-            || config.tools.mcp.iter().any(|m| {
-                name.strip_prefix(&format!("{}.", m.name))
-                    .is_some_and(|t| !t.is_empty())
-            });
-        if !known {
+    // Keys may be globs. MCP tools are only listed at runtime, so a key (or
+    // glob) under a server's prefix counts as known even if no such tool
+    // exists yet; only a key that can match nothing configured is reported.
+    for key in config.tools.overrides.keys() {
+        let at = tools.key("overrides").key(key);
+        if key.is_empty() {
+            found.error_at(&at, "an override key must name a tool or be a glob".into());
+        } else if !pattern_is_known(config, key) {
             found.warning_at(
-                &tools.key("overrides").key(name),
+                &at,
                 format!(
-                    "{name:?} is not an http tool, a built-in tool, or under an mcp server's prefix"
+                    "{key:?} matches no http tool, built-in tool or tool under an mcp server's prefix"
                 ),
             );
         }

@@ -492,3 +492,97 @@ fn local_provider_weight_copy_can_be_turned_off_and_wrong_types_name_the_key() {
         messages(&wrong)
     );
 }
+
+#[test]
+fn mcp_server_wide_risk_and_approval_load_and_are_type_checked() {
+    let r = load(
+        r#"
+[[tools.mcp]]
+name = "plant"
+command = "python3"
+risk = "read"
+requires_approval = true
+"#,
+    );
+    let loaded = r.as_ref().unwrap();
+    assert!(loaded.warnings.is_empty(), "{}", messages(&r));
+    let plant = &loaded.config.tools.mcp[0];
+    assert_eq!(plant.risk, Some(keel_protocol::Risk::Read));
+    assert_eq!(plant.requires_approval, Some(true));
+
+    let r = load(
+        r#"
+[[tools.mcp]]
+name = "plant"
+command = "python3"
+risk = "fatal"
+requires_approval = "yes"
+"#,
+    );
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(E, "tools.mcp[0].risk"),
+            k(E, "tools.mcp[0].requires_approval"),
+        ],
+        "{}",
+        messages(&r)
+    );
+    let text = messages(&r);
+    assert!(
+        text.contains(
+            "keel.toml:10:1: tools.mcp[0].risk: expected one of \"read\", \"write\", \"exec\", \"dangerous\", found \"fatal\""
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("keel.toml:11:1: tools.mcp[0].requires_approval: expected a boolean"),
+        "{text}"
+    );
+}
+
+#[test]
+fn glob_override_keys_are_checked_like_agent_tool_patterns() {
+    let r = load(
+        r#"
+[[tools.mcp]]
+name = "plant"
+command = "python3"
+
+[[tools.http]]
+name = "furnace_status"
+description = "d"
+url = "http://127.0.0.1:1/"
+
+[tools.overrides."plant.*"]
+risk = "read"
+[tools.overrides."plant.restart_furnace"]
+risk = "dangerous"
+requires_approval = true
+[tools.overrides."*_status"]
+poll = true
+[tools.overrides."*"]
+timeout_s = 10
+[tools.overrides."line.*"]
+risk = "write"
+[tools.overrides.""]
+risk = "write"
+"#,
+    );
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(W, "tools.overrides.\"line.*\""),
+            k(E, "tools.overrides.\"\""),
+        ],
+        "{}",
+        messages(&r)
+    );
+    assert!(
+        messages(&r).contains(
+            "keel.toml:25:18: warning: tools.overrides.\"line.*\": \"line.*\" matches no http tool, built-in tool or tool under an mcp server's prefix"
+        ),
+        "{}",
+        messages(&r)
+    );
+}

@@ -64,6 +64,8 @@ fn stdio_config(name: &str, args: Vec<String>) -> McpServerConfig {
         env: BTreeMap::new(),
         url: None,
         timeout_s: 20,
+        risk: None,
+        requires_approval: None,
     }
 }
 
@@ -75,6 +77,8 @@ fn http_config(name: &str, url: &str) -> McpServerConfig {
         env: BTreeMap::new(),
         url: Some(url.into()),
         timeout_s: 20,
+        risk: None,
+        requires_approval: None,
     }
 }
 
@@ -312,7 +316,7 @@ fn filesystem_config(root: &Path) -> McpServerConfig {
 }
 
 #[tokio::test]
-async fn filesystem_write_tools_need_approval_and_read_tools_do_not() {
+async fn filesystem_destructive_tools_need_approval_and_others_do_not() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     std::fs::write(root.join("notes.txt"), "furnace 3 is hot\n").unwrap();
@@ -342,8 +346,10 @@ async fn filesystem_write_tools_need_approval_and_read_tools_do_not() {
             "{destructive}"
         );
     }
+    // Annotated as writing but not destructive: write, and (as for a tool
+    // with no annotations) approval only if the configuration asks for it.
     let mkdir = find(&tools, "fs.create_directory").spec().clone();
-    assert_eq!((mkdir.risk, mkdir.requires_approval), (Risk::Write, true));
+    assert_eq!((mkdir.risk, mkdir.requires_approval), (Risk::Write, false));
     assert!(mkdir.idempotent);
 
     let path = root.join("notes.txt").display().to_string();

@@ -21,6 +21,8 @@ fn server_config(name: &str, timeout_s: u64) -> McpServerConfig {
         env: BTreeMap::new(),
         url: None,
         timeout_s,
+        risk: None,
+        requires_approval: None,
     }
 }
 
@@ -89,8 +91,8 @@ async fn lists_all_pages_with_prefixed_names_and_annotation_risks() {
     let crash = find(&tools, "plant.crash");
     assert_eq!(
         (crash.spec().risk, crash.spec().requires_approval),
-        (Risk::Dangerous, true),
-        "no annotations: the spec's defaults say it may destroy"
+        (Risk::Write, false),
+        "no annotations: write, no approval until the configuration says otherwise"
     );
     let add = find(&tools, "plant.add");
     assert_eq!(

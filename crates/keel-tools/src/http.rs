@@ -40,6 +40,15 @@ pub struct HttpTool {
     client: reqwest::Client,
 }
 
+/// The risk and approval an HTTP tool's own entry gives it: `read` and no
+/// approval unless it says otherwise, since the operator wrote the entry.
+pub(crate) fn own_trust(cfg: &HttpToolConfig) -> (Risk, bool) {
+    (
+        cfg.risk.unwrap_or(Risk::Read),
+        cfg.requires_approval.unwrap_or(false),
+    )
+}
+
 impl HttpTool {
     /// Builds the tool; header `${VAR}` references are resolved here, once,
     /// so a missing secret is a startup error rather than a failing call.
@@ -97,10 +106,11 @@ impl HttpTool {
             .build()
             .map_err(|e| invalid(format!("HTTP client: {e}")))?;
 
+        let (risk, requires_approval) = own_trust(cfg);
         let spec = ToolSpec {
             output_schema: cfg.output_schema.clone(),
-            risk: cfg.risk.unwrap_or(Risk::Read),
-            requires_approval: cfg.requires_approval.unwrap_or(false),
+            risk,
+            requires_approval,
             idempotent: cfg.idempotent.unwrap_or(false),
             timeout: cfg.timeout_s.map_or(DEFAULT_TIMEOUT, Duration::from_secs),
             roles: cfg.roles.clone().unwrap_or_default(),

@@ -9,7 +9,9 @@ pub mod http;
 mod load;
 pub mod mcp;
 mod overrides;
+mod trust;
 
 pub use error::ToolsError;
 pub use load::{LoadedTools, ToolChanges, load_tools};
 pub use overrides::apply_override;
+pub use trust::{ConfiguredTrust, RiskSource, TrustOrigin, TrustSummary, needs_approval};

@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     changes: Mutex<Option<watch::Sender<u64>>>,
     call_timeout: Duration,
     protocol: Mutex<String>,
+    /// The server-wide `risk` / `requires_approval` of its `[[tools.mcp]]`.
+    defaults: tool::ServerDefaults,
 }
 
 enum State {
@@ -100,7 +102,9 @@ impl Shared {
         };
         Ok(listed
             .into_iter()
-            .filter_map(|t| tool::RemoteTool::from_mcp(&self.name, t, self.call_timeout))
+            .filter_map(|t| {
+                tool::RemoteTool::from_mcp(&self.name, t, self.call_timeout, self.defaults)
+            })
             .collect())
     }
 
@@ -186,6 +190,10 @@ impl McpServer {
             changes: Mutex::new(Some(watch::Sender::new(0))),
             call_timeout: timeout,
             protocol: Mutex::new(String::new()),
+            defaults: tool::ServerDefaults {
+                risk: cfg.risk,
+                requires_approval: cfg.requires_approval,
+            },
         });
         let gone = CancellationToken::new();
         connection::listen_for_changes(&running, Arc::clone(&list_changed), gone.clone(), timeout)
@@ -234,8 +242,10 @@ impl McpServer {
             .clone()
     }
 
-    /// The server's current tools, named `<server>.<tool>`. Tools handed out
-    /// earlier keep working; after a change, call this again.
+    /// The server's current tools, named `<server>.<tool>`, with the
+    /// server-wide `risk` / `requires_approval` applied (`[tools.overrides]`
+    /// are applied by [`crate::load_tools`]). Tools handed out earlier keep
+    /// working; after a change, call this again.
     pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
         self.mcp_tools()
             .into_iter()

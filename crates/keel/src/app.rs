@@ -280,8 +280,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         }
         (None, None) => {}
     }
-    let toolset =
-        ToolSet::new(with_builtins(tools.tools.clone(), &memory)).context("registering tools")?;
+    let all_tools = with_builtins(tools.tools.clone(), &memory);
+    log_trust(&keel_tools::TrustSummary::of(
+        &all_tools,
+        &tools.origins,
+        config.policy.approval_risk,
+    ));
+    let toolset = ToolSet::new(all_tools).context("registering tools")?;
     let options = RuntimeOptions {
         approver_roles: config.auth.approver_roles.clone(),
         approval_timeout: Duration::from_secs(config.policy.approval_timeout_s.max(1)),
@@ -401,22 +406,45 @@ impl keel_core::SessionMemory for SessionSummaries {
     }
 }
 
+/// One line per list an operator checks after tools are (re)loaded: which
+/// tools stop for approval, and which MCP tools run on the default for a
+/// tool without annotations because nothing in the configuration decided.
+fn log_trust(summary: &keel_tools::TrustSummary) {
+    let list = |names: &[String]| {
+        if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
+        }
+    };
+    tracing::info!("tools needing approval: {}", list(&summary.needs_approval));
+    tracing::info!(
+        "tools with no MCP annotations (risk write by default): {}",
+        list(&summary.unannotated)
+    );
+}
+
 /// Keeps the runtime's tools in step with the MCP servers: when a server's
 /// tool list changes, the whole set is rebuilt and swapped in.
 pub fn follow_tool_changes(
     runtime: Runtime,
     tools: Arc<LoadedTools>,
     memory: Arc<dyn keel_memory::Memory>,
+    approval_risk: keel_protocol::Risk,
 ) {
     tokio::spawn(async move {
         let mut changes = tools.changes();
         while changes.changed().await {
-            match ToolSet::new(with_builtins(tools.current_tools(), &memory)) {
+            let (current, origins) = tools.current_tools_with_origins();
+            let all_tools = with_builtins(current, &memory);
+            let summary = keel_tools::TrustSummary::of(&all_tools, &origins, approval_risk);
+            match ToolSet::new(all_tools) {
                 Ok(set) => {
                     tracing::info!(
                         tools = set.len(),
                         "tool list changed; runs use the new set from their next step"
                     );
+                    log_trust(&summary);
                     runtime.replace_tools(set);
                 }
                 Err(e) => {

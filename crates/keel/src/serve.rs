@@ -33,7 +33,12 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("binding {bind}"))?;
     let local = listener.local_addr().context("reading the bound address")?;
-    crate::app::follow_tool_changes(app.runtime.clone(), app.tools.clone(), app.memory.clone());
+    crate::app::follow_tool_changes(
+        app.runtime.clone(),
+        app.tools.clone(),
+        app.memory.clone(),
+        app.config.policy.approval_risk,
+    );
     let resumed = app
         .runtime
         .resume_unfinished()

@@ -75,6 +75,16 @@ async fn check_accepts_the_example_configuration() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("OK"), "{text}");
+    // No MCP server is started: what needs approval is what the
+    // configuration says, and the plant tools are left to `keel serve`.
+    assert!(
+        text.contains("\ntools needing approval (from configuration): plant.restart_furnace\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mcp tools (plant.*) are listed when `keel serve` starts their servers"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -9,6 +9,11 @@
 //!
 //! `mcp-fixture --exit-at-start` exits with code 3 before speaking MCP, to
 //! stand for a server that cannot start.
+//!
+//! `mcp-fixture --plant` serves a plant data server instead, as most MCP
+//! servers are written: its tools carry no annotations at all, including
+//! `restart_furnace`, which only the operator's configuration can mark as
+//! dangerous.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +32,8 @@ const PAGE_SIZE: usize = 3;
 
 #[derive(Default)]
 struct Fixture {
+    /// Serve [`plant_catalog`] instead of the behaviour catalog.
+    plant: bool,
     count_calls: AtomicU64,
     /// How many `extra_<n>` tools `grow` has added.
     extra: AtomicU64,
@@ -49,6 +56,28 @@ fn catalog(extra: u64) -> Vec<Tool> {
         }))
     }));
     tools
+}
+
+/// Plant data tools without any `annotations`, so neither
+/// `readOnlyHint` nor `destructiveHint` is said.
+fn plant_catalog() -> Vec<Tool> {
+    vec![
+        tool(json!({
+            "name": "batch_output",
+            "description": "Cast batches of one casting line today",
+            "inputSchema": {"type": "object", "properties": {"line": {"type": "string"}}, "required": ["line"]}
+        })),
+        tool(json!({
+            "name": "furnace_temperature",
+            "description": "Current temperature of one furnace",
+            "inputSchema": {"type": "object", "properties": {"furnace_id": {"type": "string"}}, "required": ["furnace_id"]}
+        })),
+        tool(json!({
+            "name": "restart_furnace",
+            "description": "Restart a furnace",
+            "inputSchema": {"type": "object", "properties": {"furnace_id": {"type": "string"}}, "required": ["furnace_id"]}
+        })),
+    ]
 }
 
 fn base_catalog() -> Vec<Tool> {
@@ -147,7 +176,11 @@ impl ServerHandler for Fixture {
             })
             .transpose()?
             .unwrap_or(0);
-        let all = catalog(self.extra.load(Ordering::SeqCst));
+        let all = if self.plant {
+            plant_catalog()
+        } else {
+            catalog(self.extra.load(Ordering::SeqCst))
+        };
         let end = (start + PAGE_SIZE).min(all.len());
         let mut page = ListToolsResult::with_all_items(all[start.min(end)..end].to_vec());
         if end < all.len() {
@@ -162,6 +195,9 @@ impl ServerHandler for Fixture {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let args = Value::Object(request.arguments.unwrap_or_default());
+        if self.plant {
+            return plant_call(request.name.as_ref(), &args);
+        }
         match request.name.as_ref() {
             "echo" => Ok(text(args["text"].as_str().unwrap_or_default())),
             "add" => {
@@ -218,13 +254,35 @@ impl ServerHandler for Fixture {
     }
 }
 
+fn plant_call(name: &str, args: &Value) -> Result<CallToolResponse, ErrorData> {
+    match name {
+        "batch_output" => {
+            let line = args["line"].as_str().unwrap_or_default();
+            Ok(text(format!("line {line}: 14 batches cast today")))
+        }
+        "furnace_temperature" => {
+            let id = args["furnace_id"].as_str().unwrap_or_default();
+            Ok(text(format!("furnace {id}: 1452 °C")))
+        }
+        "restart_furnace" => {
+            let id = args["furnace_id"].as_str().unwrap_or_default();
+            Ok(text(format!("furnace {id} restarted")))
+        }
+        other => Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
+    }
+}
+
 #[tokio::main]
 async fn main() {
     if std::env::args().any(|a| a == "--exit-at-start") {
         eprintln!("mcp-fixture: exiting at start as asked");
         std::process::exit(3);
     }
-    let service = Fixture::default()
+    let fixture = Fixture {
+        plant: std::env::args().any(|a| a == "--plant"),
+        ..Fixture::default()
+    };
+    let service = fixture
         .serve(rmcp::transport::stdio())
         .await
         .expect("serve mcp over stdio");

@@ -42,6 +42,8 @@ async fn run(url: &str) -> Result<(), String> {
         env: BTreeMap::new(),
         url: Some(url.into()),
         timeout_s: 10,
+        risk: None,
+        requires_approval: None,
     };
     // The environment is irrelevant to an HTTP server.
     let server = McpServer::start(&cfg, |_: &str| None)

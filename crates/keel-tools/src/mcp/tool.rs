@@ -11,13 +11,23 @@ use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, Conte
 use serde_json::{Map, Value};
 
 use super::Shared;
+use crate::trust::{RiskSource, TrustOrigin};
 
-/// A tool as the server described it, with keel's spec derived from that.
+/// A tool as the server described it, with keel's spec derived from that
+/// and the server's `[[tools.mcp]]` settings.
 #[derive(Debug, Clone)]
 pub(crate) struct RemoteTool {
     /// The name the server knows it by (without the server prefix).
     remote_name: Arc<str>,
     spec: ToolSpec,
+    origin: TrustOrigin,
+}
+
+/// The `[[tools.mcp]]` settings that apply to every tool of a server.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ServerDefaults {
+    pub(crate) risk: Option<Risk>,
+    pub(crate) requires_approval: Option<bool>,
 }
 
 impl RemoteTool {
@@ -27,6 +37,7 @@ impl RemoteTool {
         server: &str,
         tool: rmcp::model::Tool,
         timeout: Duration,
+        defaults: ServerDefaults,
     ) -> Option<RemoteTool> {
         let name = format!("{server}.{}", tool.name);
         let parameters = normalize(&Value::Object((*tool.input_schema).clone()));
@@ -35,8 +46,17 @@ impl RemoteTool {
             return None;
         }
         let annotations = tool.annotations.clone().unwrap_or_default();
-        let (risk, requires_approval) =
+        let (mut risk, mut requires_approval, source) =
             default_risk(annotations.read_only_hint, annotations.destructive_hint);
+        let mut origin = TrustOrigin::both(source);
+        if let Some(r) = defaults.risk {
+            risk = r;
+            origin.risk = RiskSource::Server;
+        }
+        if let Some(a) = defaults.requires_approval {
+            requires_approval = a;
+            origin.requires_approval = RiskSource::Server;
+        }
         let description = tool
             .description
             .as_deref()
@@ -59,26 +79,32 @@ impl RemoteTool {
         Some(RemoteTool {
             remote_name: Arc::from(tool.name.as_ref()),
             spec,
+            origin,
         })
     }
 }
 
-/// keel's default risk from a tool's annotations, read as the MCP spec
-/// defines them: `readOnlyHint` defaults to false and `destructiveHint` to
-/// true, so a tool that says nothing may destroy. Anything that is not
-/// read-only needs approval until the operator says otherwise (`[tools.
-/// overrides]`): annotations come from the server and are only hints.
+/// keel's default risk from a tool's annotations. Annotations are hints and
+/// configuration is authority (SPEC §5), so a hint that is not given is not
+/// read with the MCP spec's worst-case default (`destructiveHint: true`):
+/// most servers publish no annotations at all, and treating each of their
+/// tools as destructive would send every plain query to a human. A tool
+/// that says nothing gets `write` without approval; the operator marks what
+/// is dangerous (`[tools.overrides]`, or `[[tools.mcp]]` for a whole server).
 ///
-/// | readOnlyHint | destructiveHint  | risk        | approval |
-/// |--------------|------------------|-------------|----------|
-/// | true         | any              | `read`      | no       |
-/// | false/absent | false            | `write`     | yes      |
-/// | false/absent | true/absent      | `dangerous` | yes      |
-fn default_risk(read_only: Option<bool>, destructive: Option<bool>) -> (Risk, bool) {
+/// | readOnlyHint | destructiveHint | risk        | approval | source          |
+/// |--------------|-----------------|-------------|----------|-----------------|
+/// | true         | any             | `read`      | no       | annotations     |
+/// | false/absent | true            | `dangerous` | yes      | annotations     |
+/// | false        | false/absent    | `write`     | no       | annotations     |
+/// | absent       | false           | `write`     | no       | annotations     |
+/// | absent       | absent          | `write`     | no       | no annotations  |
+fn default_risk(read_only: Option<bool>, destructive: Option<bool>) -> (Risk, bool, RiskSource) {
     match (read_only, destructive) {
-        (Some(true), _) => (Risk::Read, false),
-        (_, Some(false)) => (Risk::Write, true),
-        _ => (Risk::Dangerous, true),
+        (Some(true), _) => (Risk::Read, false, RiskSource::Annotations),
+        (_, Some(true)) => (Risk::Dangerous, true, RiskSource::Annotations),
+        (None, None) => (Risk::Write, false, RiskSource::NoAnnotations),
+        _ => (Risk::Write, false, RiskSource::Annotations),
     }
 }
 
@@ -92,8 +118,10 @@ impl McpTool {
         Self { remote, shared }
     }
 
-    pub(crate) fn spec_mut(&mut self) -> &mut ToolSpec {
-        &mut self.remote.spec
+    /// The spec and where its trust settings came from, to layer
+    /// `[tools.overrides]` over them.
+    pub(crate) fn trust_mut(&mut self) -> (&mut ToolSpec, &mut TrustOrigin) {
+        (&mut self.remote.spec, &mut self.remote.origin)
     }
 }
 
@@ -186,44 +214,112 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
+    fn remote(tool: Value, defaults: ServerDefaults) -> RemoteTool {
+        RemoteTool::from_mcp("plant", mcp_tool(tool), Duration::from_secs(3), defaults).unwrap()
+    }
+
+    fn annotated(annotations: Value) -> (ToolSpec, TrustOrigin) {
+        let r = remote(
+            json!({"name": "t", "inputSchema": {"type": "object"}, "annotations": annotations}),
+            ServerDefaults::default(),
+        );
+        (r.spec, r.origin)
+    }
+
     #[test]
     fn annotations_map_to_risk() {
-        let t = |annotations: Value| {
-            RemoteTool::from_mcp(
-                "plant",
-                mcp_tool(json!({"name": "t", "inputSchema": {"type": "object"}, "annotations": annotations})),
-                Duration::from_secs(3),
-            )
-            .unwrap()
-            .spec
-        };
-        let read = t(json!({"readOnlyHint": true, "idempotentHint": true}));
+        use RiskSource::{Annotations, NoAnnotations};
+        let (read, origin) = annotated(json!({"readOnlyHint": true, "idempotentHint": true}));
         assert_eq!(
             (read.risk, read.requires_approval, read.idempotent),
             (Risk::Read, false, true)
         );
-        let danger = t(json!({"readOnlyHint": false, "destructiveHint": true}));
+        assert_eq!(origin, TrustOrigin::both(Annotations));
+        let (danger, _) = annotated(json!({"readOnlyHint": false, "destructiveHint": true}));
         assert_eq!(
             (danger.risk, danger.requires_approval),
             (Risk::Dangerous, true)
         );
-        let write = t(json!({"readOnlyHint": false, "destructiveHint": false}));
+        let (only_destructive, _) = annotated(json!({"destructiveHint": true}));
+        assert_eq!(only_destructive.risk, Risk::Dangerous);
+        let (write, origin) = annotated(json!({"readOnlyHint": false, "destructiveHint": false}));
         assert_eq!(
             (write.risk, write.requires_approval, write.idempotent),
-            (Risk::Write, true, false)
+            (Risk::Write, false, false)
         );
-        let unsaid = t(json!({}));
+        assert_eq!(origin.risk, Annotations);
+        let (not_read_only, origin) = annotated(json!({"readOnlyHint": false}));
         assert_eq!(
-            (unsaid.risk, unsaid.requires_approval),
-            (Risk::Dangerous, true),
-            "the spec's defaults: not read-only, destructive"
+            (
+                not_read_only.risk,
+                not_read_only.requires_approval,
+                origin.risk
+            ),
+            (Risk::Write, false, Annotations),
+            "an unsaid destructiveHint is not read as true"
         );
-        let destructive_by_default = t(json!({"readOnlyHint": false}));
-        assert_eq!(destructive_by_default.risk, Risk::Dangerous);
+        for unsaid in [json!({}), json!({"idempotentHint": true, "title": "T"})] {
+            let (spec, origin) = annotated(unsaid);
+            assert_eq!(
+                (spec.risk, spec.requires_approval),
+                (Risk::Write, false),
+                "a tool that says nothing: write, no approval"
+            );
+            assert_eq!(origin, TrustOrigin::both(NoAnnotations));
+        }
+        let bare = remote(
+            json!({"name": "t", "inputSchema": {"type": "object"}}),
+            ServerDefaults::default(),
+        );
+        assert_eq!(
+            (bare.spec.risk, bare.spec.requires_approval),
+            (Risk::Write, false)
+        );
+        assert_eq!(
+            bare.origin,
+            TrustOrigin::both(NoAnnotations),
+            "no annotations object at all"
+        );
         assert_eq!(write.name, "plant.t");
         assert_eq!(write.timeout, Duration::from_secs(3));
         assert_eq!(write.source, ToolSource::Mcp);
         assert_eq!(write.parameters["additionalProperties"], json!(false));
+    }
+
+    #[test]
+    fn server_defaults_replace_what_annotations_say() {
+        let read_only = json!({"name": "t", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}});
+        let gated = remote(
+            read_only.clone(),
+            ServerDefaults {
+                risk: None,
+                requires_approval: Some(true),
+            },
+        );
+        assert_eq!(
+            (gated.spec.risk, gated.spec.requires_approval),
+            (Risk::Read, true)
+        );
+        assert_eq!(
+            gated.origin,
+            TrustOrigin {
+                risk: RiskSource::Annotations,
+                requires_approval: RiskSource::Server,
+            }
+        );
+        let exec = remote(
+            json!({"name": "t", "inputSchema": {"type": "object"}}),
+            ServerDefaults {
+                risk: Some(Risk::Exec),
+                requires_approval: None,
+            },
+        );
+        assert_eq!(
+            (exec.spec.risk, exec.spec.requires_approval),
+            (Risk::Exec, false)
+        );
+        assert_eq!(exec.origin.risk, RiskSource::Server);
+        assert_eq!(exec.origin.requires_approval, RiskSource::NoAnnotations);
     }
 
     #[test]

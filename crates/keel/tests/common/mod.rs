@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use keel_test_support::sse::{Frame, read_frames};
@@ -164,6 +165,64 @@ poll = true
         auth = auth,
         server_extra = env.server_extra,
     )
+}
+
+/// keel-test-support's `mcp-fixture`, a real MCP server over stdio. Cargo
+/// gives a test the binaries of its own package only, so the cargo that
+/// built the tests builds it here, once per test process. Selecting `keel`
+/// too makes it resolve features as a `cargo test -p keel` build does, and
+/// the variables cargo sets for a running test are removed (build scripts
+/// such as ring's watch `CARGO_MANIFEST_DIR`), so the dependencies already
+/// compiled are reused and only the binary is linked.
+pub fn mcp_fixture() -> PathBuf {
+    static FIXTURE: OnceLock<PathBuf> = OnceLock::new();
+    FIXTURE
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+            let mut cargo = std::process::Command::new(env!("CARGO"));
+            for (key, _) in std::env::vars_os() {
+                let key = key.to_string_lossy();
+                let set_for_tests = ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_BIN_EXE_"]
+                    .iter()
+                    .any(|p| key.starts_with(p))
+                    || [
+                        "CARGO_CRATE_NAME",
+                        "CARGO_BIN_NAME",
+                        "CARGO_PRIMARY_PACKAGE",
+                        "CARGO_TARGET_TMPDIR",
+                    ]
+                    .contains(&key.as_ref());
+                if set_for_tests {
+                    cargo.env_remove(key.as_ref());
+                }
+            }
+            let out = cargo
+                .current_dir(&root)
+                .args([
+                    "build",
+                    "--quiet",
+                    "--message-format=json",
+                    "-p",
+                    "keel",
+                    "-p",
+                    "keel-test-support",
+                    "--bin",
+                    "mcp-fixture",
+                ])
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("running cargo to build mcp-fixture");
+            assert!(out.status.success(), "building mcp-fixture failed");
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|m| {
+                    m["reason"] == "compiler-artifact" && m["target"]["name"] == "mcp-fixture"
+                })
+                .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+                .expect("cargo named no mcp-fixture executable")
+        })
+        .clone()
 }
 
 pub struct Keel {
