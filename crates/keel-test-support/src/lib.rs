@@ -2,6 +2,7 @@
 pub mod fake_anthropic;
 pub mod fake_openai;
 pub mod pg;
+pub mod scripted;
 pub mod sse;
 pub mod store_suite;
 pub mod tool_server;
