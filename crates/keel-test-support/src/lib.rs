@@ -1,6 +1,7 @@
 //! keel-test-support
 pub mod fake_anthropic;
 pub mod fake_openai;
+pub mod harness;
 pub mod pg;
 pub mod scripted;
 pub mod sse;
