@@ -1,7 +1,9 @@
 //! keel-test-support
 pub mod fake_anthropic;
 pub mod fake_openai;
+pub mod harness;
 pub mod pg;
+pub mod scripted;
 pub mod sse;
 pub mod store_suite;
 pub mod tool_server;
