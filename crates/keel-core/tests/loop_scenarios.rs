@@ -487,14 +487,18 @@ async fn a_call_missing_a_required_argument_waits_for_the_user() {
     let rt = plant(model).build().await;
     let id = rt.start("How is the furnace doing?").await;
     let run = rt.wait_status(&id, RunStatus::WaitingInput).await;
-    let pending = run.pending.unwrap();
-    assert_eq!(pending["missing_slots"], json!(["furnace_id"]));
+    let Some(keel_protocol::Pending::Input {
+        question,
+        missing_slots,
+        ..
+    }) = run.pending
+    else {
+        panic!("the run waits for an answer: {:?}", run.pending);
+    };
+    assert_eq!(missing_slots, vec!["furnace_id"]);
     assert!(
-        pending["question"]
-            .as_str()
-            .unwrap()
-            .contains("Furnace id, e.g. F2"),
-        "the question comes from the parameter's description: {pending}"
+        question.contains("Furnace id, e.g. F2"),
+        "the question comes from the parameter's description: {question}"
     );
     let types = rt.event_types(&id).await;
     assert!(

@@ -201,7 +201,6 @@ fn guards(config: &Config, extra: Vec<Arc<dyn BeforeToolCall>>) -> anyhow::Resul
     Ok(Guards {
         policy,
         hooks,
-        hook_timeout: keel_core::guards::DEFAULT_HOOK_TIMEOUT,
         verifier: Verifier::new(&config.verify),
     })
 }
