@@ -31,53 +31,35 @@ pub struct Config {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    #[serde(default = "default_bind")]
     pub bind: String,
-    #[serde(default = "default_data_dir")]
     pub data_dir: String,
     /// `sqlite://PATH` (default: `keel.db` under `data_dir`) or `postgres://…`.
-    #[serde(default)]
     pub database_url: Option<String>,
     /// Largest request body accepted, in bytes.
-    #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
     /// This node's name among the nodes sharing a PostgreSQL database
     /// (default: `<hostname>-<pid>-<random>`, new at every start).
-    #[serde(default)]
     pub node_id: Option<String>,
     /// Seconds a node keeps a run without renewing its lease; a node that
     /// dies loses its runs to the others after this long.
-    #[serde(default = "default_lease_s")]
     pub lease_s: u64,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            bind: default_bind(),
-            data_dir: default_data_dir(),
+            bind: "127.0.0.1:8780".into(),
+            data_dir: "./data".into(),
             database_url: None,
-            max_body_bytes: default_max_body(),
+            max_body_bytes: 1024 * 1024,
             node_id: None,
-            lease_s: default_lease_s(),
+            lease_s: 10,
         }
     }
 }
 
-fn default_bind() -> String {
-    "127.0.0.1:8780".into()
-}
-fn default_data_dir() -> String {
-    "./data".into()
-}
-fn default_max_body() -> usize {
-    1024 * 1024
-}
-fn default_lease_s() -> u64 {
-    10
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -200,62 +182,35 @@ pub struct AgentConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    #[serde(default = "d_max_steps")]
     pub max_steps: u32,
-    #[serde(default = "d_max_tool_calls")]
     pub max_tool_calls: u32,
-    #[serde(default = "d_max_wall_time")]
     pub max_wall_time_s: u64,
-    #[serde(default = "d_max_clarify")]
     pub max_clarify_rounds: u32,
     /// Prompt plus completion tokens over the whole run; 0 = unlimited.
-    #[serde(default)]
     pub max_tokens: u64,
     /// Characters in one prompt; 0 = unlimited.
-    #[serde(default)]
     pub max_context_chars: u64,
     /// Repair turns allowed per tool in a row after invalid arguments.
-    #[serde(default = "d_max_repairs")]
     pub max_repairs: u32,
     /// Characters of one tool result shown to the model before truncation.
-    #[serde(default = "d_max_tool_output")]
     pub max_tool_output_chars: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_steps: d_max_steps(),
-            max_tool_calls: d_max_tool_calls(),
-            max_wall_time_s: d_max_wall_time(),
-            max_clarify_rounds: d_max_clarify(),
+            max_steps: 12,
+            max_tool_calls: 20,
+            max_wall_time_s: 300,
+            max_clarify_rounds: 2,
             max_tokens: 0,
             max_context_chars: 0,
-            max_repairs: d_max_repairs(),
-            max_tool_output_chars: d_max_tool_output(),
+            max_repairs: 2,
+            max_tool_output_chars: 16 * 1024,
         }
     }
-}
-
-fn d_max_steps() -> u32 {
-    12
-}
-fn d_max_tool_calls() -> u32 {
-    20
-}
-fn d_max_wall_time() -> u64 {
-    300
-}
-fn d_max_clarify() -> u32 {
-    2
-}
-fn d_max_repairs() -> u32 {
-    2
-}
-fn d_max_tool_output() -> usize {
-    16 * 1024
 }
 
 /// Loop detection thresholds (SPEC §4.10); a threshold of 0 turns that
@@ -263,41 +218,28 @@ fn d_max_tool_output() -> usize {
 /// warns on the third identical call with an unchanged result. Breakers
 /// count calls already run: `max_tool_calls_breaker = 30` blocks the 31st.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct LoopDetection {
-    #[serde(default = "yes")]
     pub enabled: bool,
     /// The same call (tool and arguments) with the same result.
-    #[serde(default = "d_repeat_warning")]
     pub repeat_warning: u32,
-    #[serde(default = "d_repeat_critical")]
     pub repeat_critical: u32,
     /// Calls that may run in one run before the breaker ends it.
-    #[serde(default = "d_breaker")]
     pub max_tool_calls_breaker: u32,
     /// A `poll` tool returning the same status again.
-    #[serde(default = "d_poll_warning")]
     pub poll_warning: u32,
-    #[serde(default = "d_poll_critical")]
     pub poll_critical: u32,
     /// Length of a tail alternating between two calls (`A,B,A,B` is 4).
-    #[serde(default = "d_ping_pong_warning")]
     pub ping_pong_warning: u32,
-    #[serde(default = "d_ping_pong_critical")]
     pub ping_pong_critical: u32,
     /// Times one tool may return the same result in a run, whatever the
     /// arguments, before the breaker ends it.
-    #[serde(default = "d_identical_outcomes_breaker")]
     pub identical_outcomes_breaker: u32,
     /// Calls in a row to tools that do not exist.
-    #[serde(default = "d_unknown_tool_warning")]
     pub unknown_tool_warning: u32,
-    #[serde(default = "d_unknown_tool_critical")]
     pub unknown_tool_critical: u32,
     /// Calls in a row of one tool failing with the same error.
-    #[serde(default = "d_error_streak_warning")]
     pub error_streak_warning: u32,
-    #[serde(default = "d_error_streak_critical")]
     pub error_streak_critical: u32,
 }
 
@@ -305,95 +247,48 @@ impl Default for LoopDetection {
     fn default() -> Self {
         Self {
             enabled: true,
-            repeat_warning: d_repeat_warning(),
-            repeat_critical: d_repeat_critical(),
-            max_tool_calls_breaker: d_breaker(),
-            poll_warning: d_poll_warning(),
-            poll_critical: d_poll_critical(),
-            ping_pong_warning: d_ping_pong_warning(),
-            ping_pong_critical: d_ping_pong_critical(),
-            identical_outcomes_breaker: d_identical_outcomes_breaker(),
-            unknown_tool_warning: d_unknown_tool_warning(),
-            unknown_tool_critical: d_unknown_tool_critical(),
-            error_streak_warning: d_error_streak_warning(),
-            error_streak_critical: d_error_streak_critical(),
+            repeat_warning: 3,
+            repeat_critical: 5,
+            max_tool_calls_breaker: 30,
+            poll_warning: 5,
+            poll_critical: 10,
+            ping_pong_warning: 4,
+            ping_pong_critical: 8,
+            identical_outcomes_breaker: 15,
+            unknown_tool_warning: 2,
+            unknown_tool_critical: 3,
+            error_streak_warning: 3,
+            error_streak_critical: 5,
         }
     }
 }
 
 // Keep equal to keel_guard::loop_detect::LoopSettings::default().
-fn d_repeat_warning() -> u32 {
-    3
-}
-fn d_repeat_critical() -> u32 {
-    5
-}
-fn d_breaker() -> u32 {
-    30
-}
-fn d_poll_warning() -> u32 {
-    5
-}
-fn d_poll_critical() -> u32 {
-    10
-}
-fn d_ping_pong_warning() -> u32 {
-    4
-}
-fn d_ping_pong_critical() -> u32 {
-    8
-}
-fn d_identical_outcomes_breaker() -> u32 {
-    15
-}
-fn d_unknown_tool_warning() -> u32 {
-    2
-}
-fn d_unknown_tool_critical() -> u32 {
-    3
-}
-fn d_error_streak_warning() -> u32 {
-    3
-}
-fn d_error_streak_critical() -> u32 {
-    5
-}
 
 /// Staying on course (SPEC §4.12). Intervals count model steps; 0 turns
 /// that correction off, and `enabled = false` turns all of them off.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Drift {
-    #[serde(default = "yes")]
     pub enabled: bool,
     /// A reflection call every this many steps (also on drift).
-    #[serde(default = "d_interval")]
     pub reflection_interval: u32,
     /// A checkpoint every this many steps.
-    #[serde(default = "d_interval")]
     pub checkpoint_interval: u32,
     /// A drift score (0..1, 1 = on track) below this is drift.
-    #[serde(default = "d_drift_threshold")]
     pub threshold: f64,
     /// Recent steps the score looks at.
-    #[serde(default = "d_drift_window")]
     pub window: u32,
     /// Tool calls a run of this agent is expected to need; 0 = learn from past runs.
-    #[serde(default)]
     pub expected_tool_calls: u32,
     /// Distinct tools a run is expected to use; 0 = no expectation.
-    #[serde(default)]
     pub expected_tools: u32,
     /// Drift or a loop that persists after a reflection resets the context.
-    #[serde(default = "yes")]
     pub context_reset: bool,
     /// Resets allowed per run, so a correction can never loop.
-    #[serde(default = "d_max_resets")]
     pub max_context_resets: u32,
     /// A score below this (deep drift) restores the last checkpoint, when on.
-    #[serde(default)]
     pub restore_on_deep_drift: bool,
-    #[serde(default = "d_deep_drift")]
     pub deep_drift_threshold: f64,
 }
 
@@ -401,51 +296,31 @@ impl Default for Drift {
     fn default() -> Self {
         Self {
             enabled: true,
-            reflection_interval: d_interval(),
-            checkpoint_interval: d_interval(),
-            threshold: d_drift_threshold(),
-            window: d_drift_window(),
+            reflection_interval: 5,
+            checkpoint_interval: 5,
+            threshold: 0.35,
+            window: 4,
             expected_tool_calls: 0,
             expected_tools: 0,
             context_reset: true,
-            max_context_resets: d_max_resets(),
+            max_context_resets: 1,
             restore_on_deep_drift: false,
-            deep_drift_threshold: d_deep_drift(),
+            deep_drift_threshold: 0.15,
         }
     }
-}
-
-fn d_interval() -> u32 {
-    5
-}
-fn d_drift_threshold() -> f64 {
-    0.35
-}
-fn d_drift_window() -> u32 {
-    4
-}
-fn d_max_resets() -> u32 {
-    1
-}
-fn d_deep_drift() -> f64 {
-    0.15
 }
 
 /// Compaction (SPEC §4.13): older turns are summarized once the prompt
 /// nears the model's context window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Compaction {
-    #[serde(default = "yes")]
     pub enabled: bool,
     /// Share of the context window at which older turns are summarized.
-    #[serde(default = "d_compaction_threshold")]
     pub threshold: f64,
     /// Newest messages always kept verbatim (pending call/result pairs are kept whole in any case).
-    #[serde(default = "d_keep_recent")]
     pub keep_recent_messages: u32,
     /// Used when the provider declares no `context_window`.
-    #[serde(default = "d_context_window")]
     pub default_context_window: u64,
 }
 
@@ -453,21 +328,11 @@ impl Default for Compaction {
     fn default() -> Self {
         Self {
             enabled: true,
-            threshold: d_compaction_threshold(),
-            keep_recent_messages: d_keep_recent(),
-            default_context_window: d_context_window(),
+            threshold: 0.75,
+            keep_recent_messages: 6,
+            default_context_window: 32_768,
         }
     }
-}
-
-fn d_compaction_threshold() -> f64 {
-    0.75
-}
-fn d_keep_recent() -> u32 {
-    6
-}
-fn d_context_window() -> u64 {
-    32_768
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -616,31 +481,24 @@ pub struct ToolOverride {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct VerifyConfig {
-    #[serde(default = "d_tenant_field")]
     pub tenant_field: String,
     /// Mark null and empty results so the model says "no data" instead of
     /// inventing some.
-    #[serde(default = "yes")]
     pub non_empty: bool,
     /// Tool pattern → fields every result row must have.
-    #[serde(default)]
     pub required_fields: BTreeMap<String, Vec<String>>,
 }
 
 impl Default for VerifyConfig {
     fn default() -> Self {
         Self {
-            tenant_field: d_tenant_field(),
+            tenant_field: "tenant_id".into(),
             non_empty: true,
             required_fields: BTreeMap::new(),
         }
     }
-}
-
-fn d_tenant_field() -> String {
-    "tenant_id".into()
 }
 
 /// What the policy gate decides when no configured rule matches.
@@ -666,23 +524,18 @@ pub enum RuleDecision {
 /// The policy gate (SPEC §4.6): code, not the prompt, decides whether a
 /// call runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
     /// Applies only when no configured rule matches, so `deny` turns the
     /// rules into an allowlist.
-    #[serde(default)]
     pub default: DefaultDecision,
     /// Tools at or above this risk need human approval.
-    #[serde(default = "d_approval_risk")]
     pub approval_risk: Risk,
     /// How long an approval may stay pending before it counts as denied.
-    #[serde(default = "d_approval_timeout")]
     pub approval_timeout_s: u64,
     /// Show role-restricted tools to everyone and ask for approval instead
     /// of denying; otherwise they are hidden from principals without the role.
-    #[serde(default)]
     pub see_but_ask: bool,
-    #[serde(default)]
     pub rules: Vec<PolicyRule>,
 }
 
@@ -690,19 +543,12 @@ impl Default for PolicyConfig {
     fn default() -> Self {
         Self {
             default: DefaultDecision::default(),
-            approval_risk: d_approval_risk(),
-            approval_timeout_s: d_approval_timeout(),
+            approval_risk: Risk::Dangerous,
+            approval_timeout_s: 3600,
             see_but_ask: false,
             rules: Vec::new(),
         }
     }
-}
-
-fn d_approval_risk() -> Risk {
-    Risk::Dangerous
-}
-fn d_approval_timeout() -> u64 {
-    3600
 }
 
 /// One `[[policy.rules]]` entry. Every condition given must hold for the
@@ -846,45 +692,33 @@ pub enum EmbedderKind {
 
 /// Long-term memory: chunking, embeddings and hybrid ranking (SPEC §6).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct MemoryConfig {
-    #[serde(default)]
     pub embedder: EmbedderKind,
     /// Directory with `config.json`, `tokenizer.json`, `model.safetensors`
     /// for the local embedder; default: looked up under the data dir, then
     /// `~/.cache/keel-models/`, then downloaded from the model hub.
-    #[serde(default)]
     pub model_dir: Option<String>,
     /// For `embedder = "openai"`: base URL ending in `/v1`.
-    #[serde(default)]
     pub embeddings_base_url: Option<String>,
     /// For `embedder = "openai"`: the embedding model name.
-    #[serde(default)]
     pub embeddings_model: Option<String>,
     /// For `embedder = "openai"`: environment variable holding the API key.
-    #[serde(default)]
     pub api_key_env: Option<String>,
     /// Tokens per chunk (words, or CJK characters).
-    #[serde(default = "d_chunk_tokens")]
     pub chunk_tokens: usize,
     /// Tokens each chunk repeats from the previous one; less than `chunk_tokens`.
-    #[serde(default = "d_chunk_overlap")]
     pub chunk_overlap: usize,
     /// Weight of BM25 in the fused score.
-    #[serde(default = "d_text_weight")]
     pub text_weight: f64,
     /// Weight of vector similarity in the fused score.
-    #[serde(default = "d_vector_weight")]
     pub vector_weight: f64,
     /// MMR re-ranking: 1.0 = relevance only, lower = more diverse results.
-    #[serde(default = "d_mmr_lambda")]
     pub mmr_lambda: f64,
     /// Scores halve every this many days since a note's date; 0 = off.
-    #[serde(default)]
     pub time_decay_half_life_days: f64,
     /// On session reset, when the model cannot write a summary, this many
     /// last messages are stored verbatim instead.
-    #[serde(default = "d_summary_fallback")]
     pub summary_fallback_messages: usize,
 }
 
@@ -896,34 +730,15 @@ impl Default for MemoryConfig {
             embeddings_base_url: None,
             embeddings_model: None,
             api_key_env: None,
-            chunk_tokens: d_chunk_tokens(),
-            chunk_overlap: d_chunk_overlap(),
-            text_weight: d_text_weight(),
-            vector_weight: d_vector_weight(),
-            mmr_lambda: d_mmr_lambda(),
+            chunk_tokens: 256,
+            chunk_overlap: 32,
+            text_weight: 0.3,
+            vector_weight: 0.7,
+            mmr_lambda: 0.7,
             time_decay_half_life_days: 0.0,
-            summary_fallback_messages: d_summary_fallback(),
+            summary_fallback_messages: 20,
         }
     }
-}
-
-fn d_chunk_tokens() -> usize {
-    256
-}
-fn d_chunk_overlap() -> usize {
-    32
-}
-fn d_text_weight() -> f64 {
-    0.3
-}
-fn d_vector_weight() -> f64 {
-    0.7
-}
-fn d_mmr_lambda() -> f64 {
-    0.7
-}
-fn d_summary_fallback() -> usize {
-    20
 }
 
 /// Whether `name` matches a tool pattern where `*` matches any run of characters.
