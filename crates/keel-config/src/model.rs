@@ -60,7 +60,6 @@ impl Default for ServerConfig {
     }
 }
 
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderKind {
@@ -262,8 +261,6 @@ impl Default for LoopDetection {
         }
     }
 }
-
-// Keep equal to keel_guard::loop_detect::LoopSettings::default().
 
 /// Staying on course (SPEC §4.12). Intervals count model steps; 0 turns
 /// that correction off, and `enabled = false` turns all of them off.

@@ -158,6 +158,20 @@ pub struct DriftSettings {
     pub repetition_weight: f32,
 }
 
+impl From<&keel_config::Drift> for DriftSettings {
+    /// The agent's `[agents.drift]` settings; the weights and fallbacks the
+    /// configuration does not expose keep their defaults.
+    fn from(c: &keel_config::Drift) -> Self {
+        Self {
+            threshold: c.threshold as f32,
+            window: usize::try_from(c.window.max(1)).unwrap_or(4),
+            expected_tool_calls: c.expected_tool_calls,
+            expected_tools: c.expected_tools,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for DriftSettings {
     /// A dozen relevant calls over half a dozen tools is an ordinary
     /// interactive run and scores as fully in scope; relevance dominates

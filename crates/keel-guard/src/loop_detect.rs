@@ -102,7 +102,8 @@ const BUILTIN_VOLATILE: &[&str] = &[
     "processingtimems",
 ];
 
-/// Thresholds of the detectors. A threshold of 0 turns that level off.
+/// The detectors' thresholds are the agent's `[agents.loop_detection]`
+/// configuration, used as it is. A threshold of 0 turns that level off.
 ///
 /// Streak thresholds (`repeat_*`, `poll_*`, `ping_pong_*`, `unknown_tool_*`,
 /// `error_streak_*`) count calls *including the proposed one*: with
@@ -111,47 +112,10 @@ const BUILTIN_VOLATILE: &[&str] = &[
 /// (ping-pong: below 3 act as 3, the shortest alternation `A,B,A`).
 ///
 /// Breaker thresholds count what already happened, because the proposed
-/// call's outcome is not known yet: with `breaker_calls = 30` thirty calls
-/// run and the thirty-first is blocked. Each breaker also warns from 80 %
-/// of its threshold so the model can wrap up before it trips.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoopSettings {
-    pub enabled: bool,
-    pub repeat_warning: u32,
-    pub repeat_critical: u32,
-    pub poll_warning: u32,
-    pub poll_critical: u32,
-    pub ping_pong_warning: u32,
-    pub ping_pong_critical: u32,
-    pub breaker_calls: u32,
-    pub breaker_identical_outcomes: u32,
-    pub unknown_tool_warning: u32,
-    pub unknown_tool_critical: u32,
-    pub error_streak_warning: u32,
-    pub error_streak_critical: u32,
-}
-
-impl Default for LoopSettings {
-    /// Tuned for interactive runs of a dozen steps: a loop is stopped within
-    /// a handful of wasted calls, while honest polling gets more room.
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            repeat_warning: 3,
-            repeat_critical: 5,
-            poll_warning: 5,
-            poll_critical: 10,
-            ping_pong_warning: 4,
-            ping_pong_critical: 8,
-            breaker_calls: 30,
-            breaker_identical_outcomes: 15,
-            unknown_tool_warning: 2,
-            unknown_tool_critical: 3,
-            error_streak_warning: 3,
-            error_streak_critical: 5,
-        }
-    }
-}
+/// call's outcome is not known yet: with `max_tool_calls_breaker = 30`
+/// thirty calls run and the thirty-first is blocked. Each breaker also warns
+/// from 80 % of its threshold so the model can wrap up before it trips.
+pub use keel_config::LoopDetection;
 
 // The detectors and levels are part of the event vocabulary (`loop_detected`).
 pub use keel_protocol::{LoopDetector as Detector, LoopLevel as Level};
@@ -163,7 +127,7 @@ pub struct LoopHit {
     pub level: Level,
     /// The proposed call's tool.
     pub tool: String,
-    /// The number compared against the threshold (see [`LoopSettings`]).
+    /// The number compared against the threshold (see [`LoopDetection`]).
     pub count: u32,
     /// Addressed to the model: names the call being repeated and what to
     /// do instead.
@@ -306,10 +270,10 @@ impl CallHistory {
     /// Error streak: N = the most recent calls that all failed in this tool
     /// with the same error (any arguments), plus the proposed call.
     ///
-    /// Breaker: critical once `breaker_calls` calls have run, or once this
-    /// tool's latest outcome has been seen `breaker_identical_outcomes`
+    /// Breaker: critical once `max_tool_calls_breaker` calls have run, or once this
+    /// tool's latest outcome has been seen `identical_outcomes_breaker`
     /// times in the run; a warning from 80 % of either.
-    pub fn check(&self, tool: &str, call: &str, poll: bool, s: &LoopSettings) -> Option<LoopHit> {
+    pub fn check(&self, tool: &str, call: &str, poll: bool, s: &LoopDetection) -> Option<LoopHit> {
         if !s.enabled {
             return None;
         }
@@ -327,7 +291,7 @@ impl CallHistory {
     /// this one, whatever names they used (a model guessing a different
     /// name each time is looping too). Warning from `unknown_tool_warning`,
     /// Critical from `unknown_tool_critical`.
-    pub fn check_unknown_tool(&self, tool: &str, s: &LoopSettings) -> Option<LoopHit> {
+    pub fn check_unknown_tool(&self, tool: &str, s: &LoopDetection) -> Option<LoopHit> {
         if !s.enabled {
             return None;
         }
@@ -406,9 +370,9 @@ impl CallHistory {
         &self.records
     }
 
-    fn breaker(&self, tool: &str, s: &LoopSettings) -> Option<LoopHit> {
-        let calls = breaker_level(self.executed, s.breaker_calls).map(|level| {
-            let limit = s.breaker_calls;
+    fn breaker(&self, tool: &str, s: &LoopDetection) -> Option<LoopHit> {
+        let calls = breaker_level(self.executed, s.max_tool_calls_breaker).map(|level| {
+            let limit = s.max_tool_calls_breaker;
             let done = self.executed;
             let message = match level {
                 Level::Critical => format!(
@@ -438,7 +402,7 @@ impl CallHistory {
                     .get(&outcome_key(outcome, tool))
                     .copied()
                     .unwrap_or(0);
-                let level = breaker_level(seen, s.breaker_identical_outcomes)?;
+                let level = breaker_level(seen, s.identical_outcomes_breaker)?;
                 let message = match level {
                     Level::Critical => format!(
                         "Loop blocked: `{tool}` was not run. It has returned the same result {seen} times in this run, whatever the arguments. Calling it again will not help: answer the user with what you have, or say what is missing."
@@ -478,7 +442,7 @@ impl CallHistory {
             .collect()
     }
 
-    fn repeat(&self, tool: &str, call: &str, poll: bool, s: &LoopSettings) -> Option<LoopHit> {
+    fn repeat(&self, tool: &str, call: &str, poll: bool, s: &LoopDetection) -> Option<LoopHit> {
         let changed = self.changed_flags();
         let mut streak: u32 = 0;
         let mut latest: Option<&str> = None;
@@ -539,7 +503,7 @@ impl CallHistory {
 
     /// The tail of calls that have an outcome must alternate between the
     /// proposed call and exactly one other; any third call breaks it.
-    fn ping_pong(&self, tool: &str, call: &str, s: &LoopSettings) -> Option<LoopHit> {
+    fn ping_pong(&self, tool: &str, call: &str, s: &LoopDetection) -> Option<LoopHit> {
         // A blocked call still took its turn in the alternation (it has no
         // outcome, so it does not count for stability): otherwise the block
         // itself would reset the pattern and the model could resume it.
@@ -608,7 +572,7 @@ impl CallHistory {
 
     /// N = the run of most recent calls (with an outcome) that all failed
     /// in `tool` with the same error, plus the proposed call.
-    fn error_streak(&self, tool: &str, s: &LoopSettings) -> Option<LoopHit> {
+    fn error_streak(&self, tool: &str, s: &LoopDetection) -> Option<LoopHit> {
         let mut streak: u32 = 0;
         let mut error: Option<&str> = None;
         let mut argument_sets: Vec<&str> = Vec::new();

@@ -48,17 +48,6 @@ pub(crate) struct Reflection {
 }
 
 impl RunActor {
-    fn drift_settings(&self) -> DriftSettings {
-        let d = &self.agent.config.drift;
-        DriftSettings {
-            threshold: d.threshold as f32,
-            window: usize::try_from(d.window.max(1)).unwrap_or(4),
-            expected_tool_calls: d.expected_tool_calls,
-            expected_tools: d.expected_tools,
-            ..DriftSettings::default()
-        }
-    }
-
     pub(super) fn goal_text(&self) -> String {
         if self.state.course.goals.is_empty() {
             self.input.clone()
@@ -125,7 +114,7 @@ impl RunActor {
             // No call ran this step: nothing new to judge.
             return None;
         }
-        let settings = self.drift_settings();
+        let settings = DriftSettings::from(&self.agent.config.drift);
         let goal = self.goal_text();
         let from = self.state.course.judged_to_step;
         let steps: Vec<StepTrace> = self

@@ -21,7 +21,7 @@ mod snapshot;
 
 use keel_config::{AgentConfig, OnClarifyExhausted};
 use keel_guard::hooks::{HookAction, HookCall};
-use keel_guard::loop_detect::{Detector, LoopHit, LoopSettings, Outcome, call_fingerprint};
+use keel_guard::loop_detect::{Detector, LoopHit, Outcome, call_fingerprint};
 use keel_guard::policy::{PolicyDecision, PolicyInput};
 use keel_guard::schema::ViolationKind;
 use keel_protocol::{
@@ -298,26 +298,6 @@ fn warning_events(step: u32, warning: Option<&LoopHit>) -> Vec<EventKind> {
         .unwrap_or_default()
 }
 
-/// The loop detector's thresholds from the agent's configuration.
-pub fn loop_settings(agent: &AgentConfig) -> LoopSettings {
-    let c = &agent.loop_detection;
-    LoopSettings {
-        enabled: c.enabled,
-        repeat_warning: c.repeat_warning,
-        repeat_critical: c.repeat_critical,
-        poll_warning: c.poll_warning,
-        poll_critical: c.poll_critical,
-        ping_pong_warning: c.ping_pong_warning,
-        ping_pong_critical: c.ping_pong_critical,
-        breaker_calls: c.max_tool_calls_breaker,
-        breaker_identical_outcomes: c.identical_outcomes_breaker,
-        unknown_tool_warning: c.unknown_tool_warning,
-        unknown_tool_critical: c.unknown_tool_critical,
-        error_streak_warning: c.error_streak_warning,
-        error_streak_critical: c.error_streak_critical,
-    }
-}
-
 /// Judges one call. Pure: the same call, snapshot and view always give the
 /// same verdict.
 pub fn evaluate(
@@ -422,7 +402,7 @@ pub fn evaluate(
             &call.name,
             &fingerprint,
             reg.spec.poll,
-            &loop_settings(run.agent),
+            &run.agent.loop_detection,
         )
     {
         if hit.level == keel_guard::loop_detect::Level::Critical {
@@ -626,7 +606,7 @@ fn unknown_tool(call: &ToolCall, tools: &ToolSnapshot, run: &RunView<'_>) -> Ver
     if let Some(hit) = run
         .state
         .calls
-        .check_unknown_tool(&call.name, &loop_settings(run.agent))
+        .check_unknown_tool(&call.name, &run.agent.loop_detection)
     {
         if hit.level == keel_guard::loop_detect::Level::Critical {
             return loop_blocked(run, hit, false);

@@ -82,7 +82,7 @@ fn cycle(times: usize, pattern: &[&dyn Fn(usize) -> Step]) -> Vec<Step> {
 
 type Expect = Option<(Detector, Level)>;
 
-fn probe(h: &CallHistory, tool: &str, args: &Value, is_poll: bool, s: &LoopSettings) -> Expect {
+fn probe(h: &CallHistory, tool: &str, args: &Value, is_poll: bool, s: &LoopDetection) -> Expect {
     h.check(tool, &call_fingerprint(tool, args), is_poll, s)
         .map(|hit| (hit.detector, hit.level))
 }
@@ -400,7 +400,7 @@ fn check_table() {
             expect: Some((GenericRepeat, Critical)),
         },
     ];
-    let s = LoopSettings::default();
+    let s = LoopDetection::default();
     let mut failures = Vec::new();
     for case in &cases {
         let h = history(&case.steps);
@@ -412,9 +412,9 @@ fn check_table() {
                 case.name, case.expect
             ));
         }
-        let off = LoopSettings {
+        let off = LoopDetection {
             enabled: false,
-            ..LoopSettings::default()
+            ..LoopDetection::default()
         };
         assert_eq!(probe(&h, tool, args, *is_poll, &off), None, "{}", case.name);
     }
@@ -423,7 +423,7 @@ fn check_table() {
 
 /// Drives a model that repeats one call forever through the contract the
 /// run loop follows: warnings run, criticals are recorded as blocked.
-fn drive_identical(s: &LoopSettings, attempts: u32) -> (Vec<Option<Level>>, u32) {
+fn drive_identical(s: &LoopDetection, attempts: u32) -> (Vec<Option<Level>>, u32) {
     let mut h = CallHistory::default();
     let args = status("F1");
     let call = call_fingerprint("furnace_status", &args);
@@ -519,13 +519,13 @@ fn identical_calls_hit_exactly_at_the_thresholds() {
         ),
     ];
     for ((warning, critical), expected) in table {
-        let s = LoopSettings {
+        let s = LoopDetection {
             repeat_warning: *warning,
             repeat_critical: *critical,
             // Keep the breaker out of this table.
-            breaker_identical_outcomes: 0,
-            breaker_calls: 0,
-            ..LoopSettings::default()
+            identical_outcomes_breaker: 0,
+            max_tool_calls_breaker: 0,
+            ..LoopDetection::default()
         };
         let (levels, ran) = drive_identical(&s, 8);
         assert_eq!(levels, expected.to_vec(), "thresholds {warning}/{critical}");
@@ -548,7 +548,7 @@ fn hit_reports_count_and_a_message_naming_the_call() {
             "furnace_status",
             &call_fingerprint("furnace_status", &status("F1")),
             false,
-            &LoopSettings::default(),
+            &LoopDetection::default(),
         )
         .unwrap();
     assert_eq!(hit.count, 3);
@@ -568,7 +568,7 @@ fn hit_reports_count_and_a_message_naming_the_call() {
             "furnace_log",
             &call_fingerprint("furnace_log", &status("F1")),
             false,
-            &LoopSettings::default(),
+            &LoopDetection::default(),
         )
         .unwrap();
     assert_eq!(
@@ -580,7 +580,7 @@ fn hit_reports_count_and_a_message_naming_the_call() {
 
 #[test]
 fn unknown_tool_streak() {
-    let s = LoopSettings::default();
+    let s = LoopDetection::default();
     let level = |steps: &[Step], tool: &str| {
         history(steps)
             .check_unknown_tool(tool, &s)
@@ -629,9 +629,9 @@ fn unknown_tool_streak() {
         .check_unknown_tool("google", &s)
         .unwrap();
     assert!(hit.message.contains("`google`") && hit.message.contains("`search`"));
-    let off = LoopSettings {
+    let off = LoopDetection {
         enabled: false,
-        ..LoopSettings::default()
+        ..LoopDetection::default()
     };
     assert_eq!(
         history(&repeat(5, |_| unknown("x"))).check_unknown_tool("x", &off),
@@ -653,7 +653,7 @@ fn unknown_tool_records_are_transparent_to_the_repeat_detectors() {
             "furnace_status",
             &status("F1"),
             false,
-            &LoopSettings::default()
+            &LoopDetection::default()
         ),
         Some((GenericRepeat, Warning))
     );
@@ -661,7 +661,7 @@ fn unknown_tool_records_are_transparent_to_the_repeat_detectors() {
 
 #[test]
 fn history_is_scoped_to_one_run_and_survives_persistence() {
-    let s = LoopSettings::default();
+    let s = LoopDetection::default();
     let looping = history(&repeat(4, |_| {
         ok("furnace_status", status("F1"), "temp 900")
     }));
@@ -698,9 +698,9 @@ fn window_is_capped_but_breaker_counts_everything() {
     assert_eq!(h.records().len(), HISTORY_WINDOW);
     assert_eq!(h.len(), HISTORY_WINDOW + 50);
     assert_eq!(h.executed_calls() as usize, HISTORY_WINDOW + 50);
-    let s = LoopSettings {
-        breaker_calls: 240,
-        ..LoopSettings::default()
+    let s = LoopDetection {
+        max_tool_calls_breaker: 240,
+        ..LoopDetection::default()
     };
     assert_eq!(
         probe(&h, "t", &json!({"i": -1}), false, &s),
@@ -714,9 +714,9 @@ fn window_is_capped_but_breaker_counts_everything() {
 
 #[test]
 fn breaker_wins_over_other_criticals() {
-    let s = LoopSettings {
-        breaker_calls: 4,
-        ..LoopSettings::default()
+    let s = LoopDetection {
+        max_tool_calls_breaker: 4,
+        ..LoopDetection::default()
     };
     let h = history(&repeat(4, |_| {
         ok("furnace_status", status("F1"), "temp 900")
@@ -752,7 +752,7 @@ fn a_refusal_with_an_outcome_counts_as_a_repeat() {
             "restart",
             &json!({"furnace": "F2"}),
             false,
-            &LoopSettings::default()
+            &LoopDetection::default()
         ),
         Some((GenericRepeat, Critical))
     );
@@ -890,7 +890,7 @@ fn names_match_the_event_vocabulary() {
 
 #[test]
 fn a_blocked_call_keeps_its_place_in_a_ping_pong() {
-    let s = LoopSettings::default();
+    let s = LoopDetection::default();
     let mut h = CallHistory::default();
     let a = call_fingerprint("status", &serde_json::json!({"id": "A"}));
     let b = call_fingerprint("status", &serde_json::json!({"id": "B"}));
