@@ -296,13 +296,7 @@ impl RunActor {
         let args = cleared.into_args();
         let fingerprint = call_fingerprint(&call.name, &args);
         let args_text = args.to_string();
-        self.usage.tool_calls += 1;
-        events.push(EventKind::ToolCall {
-            step: self.steps,
-            call_id: call.id.clone(),
-            tool: call.name.clone(),
-            arguments: args.clone(),
-        });
+        self.count_call(call, &args, &mut events);
         // Committed before the tool runs: a restarted node knows it started.
         self.commit(events, Vec::new()).await?;
         let ctx = ToolContext {
@@ -344,6 +338,23 @@ impl RunActor {
         mut events: Vec<EventKind>,
     ) -> Result<(), Exit> {
         let args = cleared.into_args();
+        self.count_call(call, &args, &mut events);
+        self.state.client_waiting.push(ToolCall {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: args.to_string(),
+        });
+        self.commit(events, Vec::new()).await
+    }
+
+    /// A call that really runs (here or at the client) spends the tool-call
+    /// budget and is announced with `tool_call`.
+    fn count_call(
+        &mut self,
+        call: &ToolCall,
+        args: &serde_json::Value,
+        events: &mut Vec<EventKind>,
+    ) {
         self.usage.tool_calls += 1;
         events.push(EventKind::ToolCall {
             step: self.steps,
@@ -351,12 +362,6 @@ impl RunActor {
             tool: call.name.clone(),
             arguments: args.clone(),
         });
-        self.state.client_waiting.push(ToolCall {
-            id: call.id.clone(),
-            name: call.name.clone(),
-            arguments: args.to_string(),
-        });
-        self.commit(events, Vec::new()).await
     }
 
     /// The client calls of this turn, as `waiting_client_tool` lists them.
