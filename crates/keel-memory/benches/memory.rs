@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! Memory benchmarks (issue 7): hybrid search latency over 100,000 chunks,
+//! Memory benchmarks: hybrid search latency over 100,000 chunks,
 //! index size per chunk, and the local model's embedding throughput.
 //!
 //! The index part uses synthetic text (words drawn from a fixed 5,000-word

@@ -1,4 +1,4 @@
-//! Issue 3's guardrails end to end: verification and tenant isolation, loop
+//! Guardrails end to end: verification and tenant isolation, loop
 //! detection, the policy gate from configuration, hooks, approval expiry.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

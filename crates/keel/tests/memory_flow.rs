@@ -1,4 +1,4 @@
-//! Issue 7's round trip: a fact stated in one session, the session reset,
+//! Memory's round trip: a fact stated in one session, the session reset,
 //! and the fact found from a new session through the model's `memory_search`
 //! call and through `/ai/memory/search`; another tenant finds nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

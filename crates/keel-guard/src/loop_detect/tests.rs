@@ -530,7 +530,7 @@ fn identical_calls_hit_exactly_at_the_thresholds() {
         let (levels, ran) = drive_identical(&s, 8);
         assert_eq!(levels, expected.to_vec(), "thresholds {warning}/{critical}");
         if *critical > 0 {
-            // The acceptance: the tool ran at most repeat_critical
+            // The promise: the tool ran at most repeat_critical
             // times; precisely, repeat_critical - 1 (floor 2).
             assert!(ran <= *critical, "{warning}/{critical}: ran {ran}");
             assert_eq!(ran, critical.max(&2) - 1, "{warning}/{critical}");
