@@ -42,7 +42,8 @@ pub async fn run(
     while let Some(event) = events.recv().await {
         timeline.print(&event);
         match &event.kind {
-            EventKind::ClarificationNeeded { .. } => {
+            // After a handoff the person at the terminal is the one asked.
+            EventKind::ClarificationNeeded { .. } | EventKind::HandoffRequested { .. } => {
                 let answer = read_answer().await?;
                 app.runtime
                     .input(&principal.tenant, &run.id, answer)

@@ -80,6 +80,11 @@ impl Timeline {
             }
             EventKind::ReactFeedback { code, detail, .. } => format!("  ! {code}: {detail}"),
             EventKind::ClarificationNeeded { question, .. } => format!("? {question}"),
+            EventKind::HandoffRequested {
+                question, reason, ..
+            } => {
+                format!("? {question} (handed to a person: {reason})")
+            }
             EventKind::SteeringApplied { text, .. } => format!("↪ steered: {text}"),
             EventKind::FollowUpStarted { text } => format!("↪ follow-up: {text}"),
             EventKind::Final { answer } => format!("\n{answer}\n"),
