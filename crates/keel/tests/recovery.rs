@@ -106,6 +106,70 @@ async fn non_idempotent_call_in_flight_is_not_rerun_and_the_model_is_told() {
 }
 
 #[tokio::test]
+async fn calls_of_the_turn_that_never_started_go_through_the_pipeline_after_a_restart() {
+    // One turn, two calls: the slow one is in flight when the node dies;
+    // the second never started. After the restart the first gets an
+    // unknown outcome and the second is judged and run like a new call.
+    let model = FakeOpenAi::start(Script::queue(vec![
+        Reply::tool_calls(vec![
+            ("slow_op", json!({"ms": 3000})),
+            ("furnace_status", json!({"furnace_id": "F4"})),
+        ]),
+        Reply::text("F4 is running; the slow operation's outcome is unknown."),
+    ]))
+    .await;
+    let tools = ToolServer::start().await;
+    let mut keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
+    let id = keel
+        .start_run("Do the slow thing, then check F4", None)
+        .await;
+    keel.events_until(&id, None, None, |f| f.event == "tool_call")
+        .await;
+    for _ in 0..500 {
+        if tools.count("slow_started") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(tools.count("slow_started"), 1);
+    assert_eq!(tools.count("furnace"), 0, "the second call had not started");
+    keel.kill9().await;
+    keel.restart().await;
+    let run = keel.wait_status(&id, "completed", None).await;
+    assert_eq!(
+        run["output"],
+        "F4 is running; the slow operation's outcome is unknown."
+    );
+    assert_eq!(tools.count("slow_started"), 1, "never re-run");
+    assert_eq!(tools.count("furnace"), 1, "run once, after the restart");
+    let frames = keel.events(&id, None, None).await;
+    assert_gap_free(&frames, 1);
+    let decided: Vec<_> = frames
+        .iter()
+        .filter(|f| f.event == "policy_decision" && f.data["tool"].is_null())
+        .filter(|f| f.data["decision"] == "execute")
+        .map(|f| f.data["call_id"].clone())
+        .collect();
+    assert_eq!(
+        decided.len(),
+        2,
+        "both calls were decided by the pipeline: {decided:?}"
+    );
+    let last = model.requests().last().unwrap().clone();
+    let results: Vec<String> = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert!(results[0].contains("unknown"), "{results:?}");
+    assert!(results[1].contains("B-F4-7"), "{results:?}");
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+#[tokio::test]
 async fn idempotent_call_in_flight_is_rerun_after_restart() {
     let model = FakeOpenAi::start(Script::queue(vec![
         Reply::tool_calls(vec![
