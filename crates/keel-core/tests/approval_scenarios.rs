@@ -161,3 +161,38 @@ async fn only_approvers_of_the_same_tenant_may_decide() {
     assert_eq!(rt.tool_calls_executed("export_batches"), 1);
     rt.finish();
 }
+
+#[tokio::test]
+async fn an_approved_call_is_judged_again_and_a_tool_gone_meanwhile_does_not_run() {
+    use std::sync::Arc;
+
+    use keel_core::ToolSet;
+    use keel_protocol::Tool;
+
+    let line = common::shutdown_line();
+    let rt = plant(shutdown_script(
+        "The line tool is gone; nothing was shut down.",
+    ))
+    .build()
+    .await;
+    let id = rt.start("Shut line F2 down").await;
+    let approval = rt.pending_approval(&id).await;
+    // While the run waits, the tool set changes: only furnace_status is left.
+    let remaining: Vec<Arc<dyn Tool>> = vec![Arc::new(common::furnace_status())];
+    rt.runtime().replace_tools(ToolSet::new(remaining).unwrap());
+    rt.decide(&approval.id, true, "go").await.unwrap();
+    let run = rt.wait_status(&id, RunStatus::Completed).await;
+    assert_eq!(
+        run.output.as_deref(),
+        Some("The line tool is gone; nothing was shut down.")
+    );
+    assert_eq!(line.calls().len(), 0);
+    assert_eq!(rt.tool_calls_executed("shutdown_line"), 0);
+    let feedback = rt.events_of(&id, "react_feedback").await;
+    assert_eq!(codes(&feedback), ["unknown_tool"], "{feedback:?}");
+    let told = tool_messages(&rt.model().requests()[1])
+        .iter()
+        .any(|(_, text)| text.contains("unknown tool `shutdown_line`"));
+    assert!(told, "the model is told the approved call could not run");
+    rt.finish();
+}
