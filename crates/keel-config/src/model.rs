@@ -415,6 +415,10 @@ pub struct McpServerConfig {
     /// say; `[tools.overrides]` still win over it.
     #[serde(default)]
     pub requires_approval: Option<bool>,
+    /// Whether this server's tool output is trusted (default untrusted);
+    /// `[tools.overrides]` still win over it.
+    #[serde(default)]
+    pub output_trust: Option<keel_protocol::Trust>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -437,6 +441,9 @@ pub struct HttpToolConfig {
     pub risk: Option<Risk>,
     #[serde(default)]
     pub requires_approval: Option<bool>,
+    /// Whether the tool's output is trusted (default untrusted).
+    #[serde(default)]
+    pub output_trust: Option<keel_protocol::Trust>,
     #[serde(default)]
     pub idempotent: Option<bool>,
     #[serde(default)]
@@ -465,6 +472,9 @@ pub struct ToolOverride {
     pub risk: Option<Risk>,
     #[serde(default)]
     pub requires_approval: Option<bool>,
+    /// Whether the tool's output is trusted (default untrusted).
+    #[serde(default)]
+    pub output_trust: Option<keel_protocol::Trust>,
     #[serde(default)]
     pub idempotent: Option<bool>,
     #[serde(default)]
@@ -518,6 +528,17 @@ pub enum RuleDecision {
     Deny,
 }
 
+/// What a call whose arguments come from untrusted data only gets
+/// (SPEC §4.6, provenance).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UntrustedArguments {
+    Allow,
+    #[default]
+    Approve,
+    Deny,
+}
+
 /// The policy gate (SPEC §4.6): code, not the prompt, decides whether a
 /// call runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -533,6 +554,12 @@ pub struct PolicyConfig {
     /// Show role-restricted tools to everyone and ask for approval instead
     /// of denying; otherwise they are hidden from principals without the role.
     pub see_but_ask: bool,
+    /// Calls of tools at or above `untrusted_arguments_min_risk` whose
+    /// arguments come from untrusted data (tool output, memory, fetched
+    /// pages) and from no trusted source: allowed, sent for approval, or
+    /// denied with a fallback the model can follow.
+    pub untrusted_arguments: UntrustedArguments,
+    pub untrusted_arguments_min_risk: Risk,
     pub rules: Vec<PolicyRule>,
 }
 
@@ -543,6 +570,8 @@ impl Default for PolicyConfig {
             approval_risk: Risk::Dangerous,
             approval_timeout_s: 3600,
             see_but_ask: false,
+            untrusted_arguments: UntrustedArguments::Approve,
+            untrusted_arguments_min_risk: Risk::Write,
             rules: Vec::new(),
         }
     }
@@ -575,6 +604,13 @@ pub struct PolicyRule {
     /// for the call; a call without a stated confidence does not match.
     #[serde(default)]
     pub min_confidence: Option<f64>,
+    /// What to do with arguments that come from untrusted data only, for
+    /// this rule's tools (over `[policy] untrusted_arguments`).
+    #[serde(default)]
+    pub untrusted_arguments: Option<UntrustedArguments>,
+    /// The arguments whose provenance matters for this rule (empty = all).
+    #[serde(default)]
+    pub arguments: Vec<String>,
     pub decision: RuleDecision,
     /// Told to the model when the call is denied.
     #[serde(default)]

@@ -224,6 +224,7 @@ static MCP: &[Field] = &[
     opt("timeout_s", U64),
     opt("risk", RISK),
     opt("requires_approval", Ty::Bool),
+    opt("output_trust", Ty::Enum(&["trusted", "untrusted"])),
 ];
 
 static HTTP: &[Field] = &[
@@ -236,6 +237,7 @@ static HTTP: &[Field] = &[
     opt("output_schema", Ty::Json),
     opt("risk", RISK),
     opt("requires_approval", Ty::Bool),
+    opt("output_trust", Ty::Enum(&["trusted", "untrusted"])),
     opt("idempotent", Ty::Bool),
     opt("timeout_s", U64),
     opt("roles", STRS),
@@ -245,6 +247,7 @@ static HTTP: &[Field] = &[
 static OVERRIDE: &[Field] = &[
     opt("risk", RISK),
     opt("requires_approval", Ty::Bool),
+    opt("output_trust", Ty::Enum(&["trusted", "untrusted"])),
     opt("idempotent", Ty::Bool),
     opt("timeout_s", U64),
     opt("roles", STRS),
@@ -258,6 +261,8 @@ static VERIFY: &[Field] = &[
     opt("required_fields", Ty::Map(&STRS)),
 ];
 
+const UNTRUSTED: Ty = Ty::Enum(&["allow", "approve", "deny"]);
+
 const DECISION: Ty = Ty::Enum(&["execute", "clarify", "approve", "deny"]);
 
 static POLICY: &[Field] = &[
@@ -265,6 +270,8 @@ static POLICY: &[Field] = &[
     opt("approval_risk", RISK),
     opt("approval_timeout_s", U64),
     opt("see_but_ask", Ty::Bool),
+    opt("untrusted_arguments", UNTRUSTED),
+    opt("untrusted_arguments_min_risk", RISK),
     opt(
         "rules",
         Ty::Tables {
@@ -283,6 +290,8 @@ static POLICY_RULE: &[Field] = &[
     opt("when_arguments", Ty::Map(&Ty::Table(ARG_MATCHER))),
     opt("max_calls_per_run", U32),
     opt("min_confidence", Ty::Number),
+    opt("untrusted_arguments", UNTRUSTED),
+    opt("arguments", STRS),
     req("decision", DECISION),
     opt("reason", Ty::Str),
 ];
@@ -684,6 +693,7 @@ mod tests {
                     timeout_s: 1,
                     risk: Some(keel_protocol::Risk::Read),
                     requires_approval: Some(true),
+                    output_trust: Some(keel_protocol::Trust::Trusted),
                 }],
                 http: vec![HttpToolConfig {
                     name: "h".into(),
@@ -695,6 +705,7 @@ mod tests {
                     output_schema: Some(serde_json::json!({"type": "object"})),
                     risk: Some(keel_protocol::Risk::Exec),
                     requires_approval: Some(true),
+                    output_trust: Some(keel_protocol::Trust::Trusted),
                     idempotent: Some(true),
                     timeout_s: Some(1),
                     roles: Some(vec!["r".into()]),
@@ -705,6 +716,7 @@ mod tests {
                     ToolOverride {
                         risk: Some(keel_protocol::Risk::Write),
                         requires_approval: Some(true),
+                        output_trust: Some(keel_protocol::Trust::Trusted),
                         idempotent: Some(true),
                         timeout_s: Some(1),
                         roles: Some(vec!["r".into()]),
@@ -724,6 +736,8 @@ mod tests {
                 approval_risk: keel_protocol::Risk::Write,
                 approval_timeout_s: 1,
                 see_but_ask: true,
+                untrusted_arguments: UntrustedArguments::Deny,
+                untrusted_arguments_min_risk: keel_protocol::Risk::Exec,
                 rules: vec![PolicyRule {
                     name: "r".into(),
                     tools: vec!["t*".into()],
@@ -744,6 +758,8 @@ mod tests {
                     .into(),
                     max_calls_per_run: Some(3),
                     min_confidence: Some(0.7),
+                    untrusted_arguments: Some(UntrustedArguments::Allow),
+                    arguments: vec!["a".into()],
                     decision: RuleDecision::Approve,
                     reason: Some("why".into()),
                 }],

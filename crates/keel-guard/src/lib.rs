@@ -5,5 +5,6 @@ pub mod drift;
 pub mod hooks;
 pub mod loop_detect;
 pub mod policy;
+pub mod provenance;
 pub mod schema;
 pub mod verify;

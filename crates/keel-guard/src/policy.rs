@@ -3,7 +3,8 @@
 //! strictest one wins, so no rule can loosen what another tightened.
 
 use keel_config::{
-    ArgMatcher, DefaultDecision, PolicyConfig, PolicyRule, RuleDecision, tool_pattern_matches,
+    ArgMatcher, DefaultDecision, PolicyConfig, PolicyRule, RuleDecision, UntrustedArguments,
+    tool_pattern_matches,
 };
 use keel_protocol::{Principal, Risk, ToolSpec};
 use regex::Regex;
@@ -109,7 +110,19 @@ pub struct Policy {
     approval_risk: Risk,
     approval_timeout_s: u64,
     see_but_ask: bool,
+    untrusted_arguments: UntrustedArguments,
+    untrusted_min_risk: Risk,
     rules: Vec<Rule>,
+}
+
+/// How the provenance stage treats one call's arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProvenanceCheck {
+    pub mode: UntrustedArguments,
+    /// The arguments that matter (empty = all).
+    pub arguments: Vec<String>,
+    /// The rule that set it, or `policy` for `[policy] untrusted_arguments`.
+    pub source: String,
 }
 
 #[derive(Debug, Clone)]
@@ -124,6 +137,9 @@ struct Rule {
     min_confidence: Option<f64>,
     decision: PolicyDecision,
     reason: Option<String>,
+    untrusted_arguments: Option<UntrustedArguments>,
+    /// The arguments whose provenance matters (empty = all).
+    provenance_arguments: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -148,8 +164,37 @@ impl Policy {
             approval_risk: cfg.approval_risk,
             approval_timeout_s: cfg.approval_timeout_s,
             see_but_ask: cfg.see_but_ask,
+            untrusted_arguments: cfg.untrusted_arguments,
+            untrusted_min_risk: cfg.untrusted_arguments_min_risk,
             rules,
         })
+    }
+
+    /// The provenance check for calls of `tool` by `principal`: the
+    /// strictest setting among the rules for this tool that name one (their
+    /// tools, roles, tenants and risk are what counts here), else the
+    /// policy's own for tools at or above `untrusted_arguments_min_risk`.
+    /// `None` when arguments of any origin are allowed.
+    pub fn provenance(&self, principal: &Principal, tool: &ToolSpec) -> Option<ProvenanceCheck> {
+        let by_rule = self
+            .rules
+            .iter()
+            .filter(|r| r.untrusted_arguments.is_some() && r.applies_to(principal, tool))
+            .max_by_key(|r| r.untrusted_arguments);
+        let check = match by_rule {
+            Some(rule) => ProvenanceCheck {
+                mode: rule.untrusted_arguments.unwrap_or_default(),
+                arguments: rule.provenance_arguments.clone(),
+                source: rule.name.clone(),
+            },
+            None if tool.risk >= self.untrusted_min_risk => ProvenanceCheck {
+                mode: self.untrusted_arguments,
+                arguments: Vec::new(),
+                source: "policy".into(),
+            },
+            None => return None,
+        };
+        (check.mode != UntrustedArguments::Allow).then_some(check)
     }
 
     /// How long an approval may stay pending before it counts as a denial.
@@ -252,6 +297,8 @@ fn compile_rule(rule: &PolicyRule) -> Result<Rule, PolicyError> {
         min_confidence: rule.min_confidence,
         decision: rule.decision.into(),
         reason: rule.reason.clone(),
+        untrusted_arguments: rule.untrusted_arguments,
+        provenance_arguments: rule.arguments.clone(),
     })
 }
 
@@ -278,9 +325,8 @@ fn compile_matcher(rule: &str, argument: &str, m: &ArgMatcher) -> Result<Matcher
 }
 
 impl Rule {
-    fn matches(&self, input: &PolicyInput<'_>) -> bool {
-        let p = input.principal;
-        let tool = input.tool;
+    /// The rule's conditions on who calls which tool (not on the call).
+    fn applies_to(&self, p: &Principal, tool: &ToolSpec) -> bool {
         (self.tools.is_empty()
             || self
                 .tools
@@ -289,6 +335,10 @@ impl Rule {
             && (self.roles.is_empty() || p.roles.iter().any(|r| self.roles.contains(r)))
             && (self.tenants.is_empty() || self.tenants.contains(&p.tenant))
             && self.min_risk.is_none_or(|min| tool.risk >= min)
+    }
+
+    fn matches(&self, input: &PolicyInput<'_>) -> bool {
+        self.applies_to(input.principal, input.tool)
             && self
                 .max_calls_per_run
                 .is_none_or(|n| input.calls_of_tool >= n)

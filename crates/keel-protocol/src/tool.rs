@@ -26,6 +26,17 @@ impl Risk {
     }
 }
 
+/// Whether a tool's output may steer what the run does (SPEC §5): untrusted
+/// output is data, and arguments taken from it alone are judged by the
+/// provenance policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trust {
+    Trusted,
+    #[default]
+    Untrusted,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolSource {
@@ -59,6 +70,9 @@ pub struct ToolSpec {
     /// Result fields ignored when comparing outcomes (timestamps, ids).
     #[serde(default)]
     pub volatile_fields: Vec<String>,
+    /// Whether the output is trusted; untrusted unless configured.
+    #[serde(default)]
+    pub output_trust: Trust,
 }
 
 impl ToolSpec {
@@ -77,6 +91,7 @@ impl ToolSpec {
             poll: false,
             source: ToolSource::Builtin,
             volatile_fields: Vec::new(),
+            output_trust: Trust::Untrusted,
         }
     }
 

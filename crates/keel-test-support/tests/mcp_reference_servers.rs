@@ -66,6 +66,7 @@ fn stdio_config(name: &str, args: Vec<String>) -> McpServerConfig {
         timeout_s: 20,
         risk: None,
         requires_approval: None,
+        output_trust: None,
     }
 }
 
@@ -79,6 +80,7 @@ fn http_config(name: &str, url: &str) -> McpServerConfig {
         timeout_s: 20,
         risk: None,
         requires_approval: None,
+        output_trust: None,
     }
 }
 

@@ -23,6 +23,7 @@ fn server_config(name: &str, timeout_s: u64) -> McpServerConfig {
         timeout_s,
         risk: None,
         requires_approval: None,
+        output_trust: None,
     }
 }
 

@@ -116,6 +116,7 @@ impl HttpTool {
             roles: cfg.roles.clone().unwrap_or_default(),
             poll: cfg.poll.unwrap_or(false),
             source: ToolSource::Http,
+            output_trust: cfg.output_trust.unwrap_or_default(),
             ..ToolSpec::new(cfg.name.clone(), cfg.description.clone(), parameters)
         };
 

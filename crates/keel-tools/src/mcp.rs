@@ -193,6 +193,7 @@ impl McpServer {
             defaults: tool::ServerDefaults {
                 risk: cfg.risk,
                 requires_approval: cfg.requires_approval,
+                output_trust: cfg.output_trust,
             },
         });
         let gone = CancellationToken::new();

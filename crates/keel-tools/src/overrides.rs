@@ -14,6 +14,9 @@ pub fn apply_override(spec: &mut ToolSpec, o: &ToolOverride) {
     if let Some(requires_approval) = o.requires_approval {
         spec.requires_approval = requires_approval;
     }
+    if let Some(trust) = o.output_trust {
+        spec.output_trust = trust;
+    }
     if let Some(idempotent) = o.idempotent {
         spec.idempotent = idempotent;
     }

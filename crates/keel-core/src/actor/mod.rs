@@ -316,6 +316,7 @@ impl RunActor {
             usage: self.usage,
             run_id: &self.run_id,
             stated,
+            history: &self.history,
         }
     }
 

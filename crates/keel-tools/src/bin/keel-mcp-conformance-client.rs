@@ -44,6 +44,7 @@ async fn run(url: &str) -> Result<(), String> {
         timeout_s: 10,
         risk: None,
         requires_approval: None,
+        output_trust: None,
     };
     // The environment is irrelevant to an HTTP server.
     let server = McpServer::start(&cfg, |_: &str| None)

@@ -28,6 +28,7 @@ pub(crate) struct RemoteTool {
 pub(crate) struct ServerDefaults {
     pub(crate) risk: Option<Risk>,
     pub(crate) requires_approval: Option<bool>,
+    pub(crate) output_trust: Option<keel_protocol::Trust>,
 }
 
 impl RemoteTool {
@@ -74,6 +75,7 @@ impl RemoteTool {
             idempotent: annotations.idempotent_hint.unwrap_or(false),
             timeout,
             source: ToolSource::Mcp,
+            output_trust: defaults.output_trust.unwrap_or_default(),
             ..ToolSpec::new(name, description, parameters)
         };
         Some(RemoteTool {
@@ -294,6 +296,7 @@ mod tests {
             ServerDefaults {
                 risk: None,
                 requires_approval: Some(true),
+                output_trust: None,
             },
         );
         assert_eq!(
@@ -312,6 +315,7 @@ mod tests {
             ServerDefaults {
                 risk: Some(Risk::Exec),
                 requires_approval: None,
+                output_trust: None,
             },
         );
         assert_eq!(

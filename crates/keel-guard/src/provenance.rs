@@ -1,0 +1,252 @@
+//! Argument provenance (SPEC §4.6): which arguments of a proposed call come
+//! from untrusted data (tool output, memory, fetched pages) and from no
+//! trusted source (the user's words, the configuration).
+//!
+//! The question is answered in code, on the texts the run has seen, so an
+//! instruction injected into a tool result cannot steer a dangerous call by
+//! smuggling its own values into the arguments.
+//!
+//! Matching is for precision; the rules:
+//! - Values are normalized before comparison: strings are lower-cased and
+//!   their white space collapsed; numbers are compared as numbers, so
+//!   `1,200.00`, `1200` and `1200.0` are one value.
+//! - Trivial values never count: booleans, null, integers below 100,
+//!   strings shorter than 4 characters, and letter-only strings shorter than
+//!   8 characters (`"USD"`, `"high"`, `"today"`).
+//! - Everything else counts: identifiers with digits (`USR002`, `B-F2-7`),
+//!   IBANs, e-mail addresses, URLs and paths (they have digits, `@`, `/`,
+//!   `:` or `.`, or are long), amounts (any number of 100 or more, and any
+//!   number with a fraction), and long strings.
+//! - A value is untrusted-derived when it occurs in an untrusted source and
+//!   in no trusted one. A long string (32 characters or more) is also
+//!   untrusted-derived when a 24-character run of it occurs in an untrusted
+//!   source and in no trusted one: a message body built around an injected
+//!   sentence is caught even when the model added words of its own.
+//! - Arrays and objects are traced element by element (`to[1]`,
+//!   `payment.iban`).
+
+use serde_json::Value;
+
+/// Where a text that entered the run came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The user's input, follow-ups and answers.
+    User,
+    /// The system prompt and configuration.
+    Config,
+    /// The output of a tool call.
+    Tool { tool: String, call_id: String },
+}
+
+/// One text of the run, with its origin and trust.
+#[derive(Debug, Clone)]
+pub struct Source<'a> {
+    pub origin: Origin,
+    pub trusted: bool,
+    pub text: &'a str,
+}
+
+/// An argument whose value came from untrusted data only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tainted {
+    /// `iban`, `to[1]`, `payment.iban`.
+    pub argument: String,
+    /// Where the value was found.
+    pub from: Origin,
+}
+
+/// Shortest string value that counts.
+const MIN_STRING: usize = 4;
+/// Letter-only strings shorter than this are words, not identifiers.
+const MIN_WORD: usize = 8;
+/// Smallest integer that counts (amounts, ids); below are counts and flags.
+const MIN_NUMBER: f64 = 100.0;
+/// Strings at least this long are also checked by their parts.
+const LONG_STRING: usize = 32;
+/// Length of the parts of a long string that are looked for.
+const WINDOW: usize = 24;
+
+/// The sources, normalized once for every argument of every call judged
+/// against them.
+pub struct Corpus<'a> {
+    texts: Vec<(Origin, bool, String, Vec<f64>)>,
+    _sources: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> Corpus<'a> {
+    pub fn new(sources: &[Source<'a>]) -> Self {
+        let texts = sources
+            .iter()
+            .map(|s| {
+                (
+                    s.origin.clone(),
+                    s.trusted,
+                    normalize(s.text),
+                    numbers_in(s.text),
+                )
+            })
+            .collect();
+        Self {
+            texts,
+            _sources: std::marker::PhantomData,
+        }
+    }
+
+    /// The arguments of `args` derived from untrusted data only, in order.
+    /// `only` limits the check to these top-level arguments (empty = all).
+    pub fn trace(&self, args: &Value, only: &[String]) -> Vec<Tainted> {
+        let mut out = Vec::new();
+        if let Value::Object(map) = args {
+            for (name, value) in map {
+                if only.is_empty() || only.contains(name) {
+                    self.trace_value(name, value, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    fn trace_value(&self, path: &str, value: &Value, out: &mut Vec<Tainted>) {
+        match value {
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    self.trace_value(&format!("{path}[{i}]"), v, out);
+                }
+            }
+            Value::Object(map) => {
+                for (k, v) in map {
+                    self.trace_value(&format!("{path}.{k}"), v, out);
+                }
+            }
+            Value::Number(n) => {
+                if let Some(x) = n.as_f64().filter(|x| significant_number(*x))
+                    && let Some(from) = self.untrusted_only(|_, nums| nums.contains(&x))
+                {
+                    out.push(Tainted {
+                        argument: path.to_owned(),
+                        from,
+                    });
+                }
+            }
+            Value::String(s) => {
+                if let Some(from) = self.trace_string(s) {
+                    out.push(Tainted {
+                        argument: path.to_owned(),
+                        from,
+                    });
+                }
+            }
+            Value::Bool(_) | Value::Null => {}
+        }
+    }
+
+    fn trace_string(&self, s: &str) -> Option<Origin> {
+        let value = normalize(s);
+        if let Some(x) = parse_number(s) {
+            if significant_number(x)
+                && let Some(from) = self.untrusted_only(|_, nums| nums.contains(&x))
+            {
+                return Some(from);
+            }
+            return None;
+        }
+        if !significant_string(&value) {
+            return None;
+        }
+        if let Some(from) = self.untrusted_only(|text, _| text.contains(value.as_str())) {
+            return Some(from);
+        }
+        let chars: Vec<char> = value.chars().collect();
+        if chars.len() < LONG_STRING {
+            return None;
+        }
+        // A long value: any part of it that only untrusted data contains.
+        for start in (0..=chars.len() - WINDOW).step_by(WINDOW / 3) {
+            let part: String = chars[start..start + WINDOW].iter().collect();
+            if let Some(from) = self.untrusted_only(|text, _| text.contains(part.as_str())) {
+                return Some(from);
+            }
+        }
+        None
+    }
+
+    /// The first untrusted source where `found` holds, unless a trusted
+    /// source has it too.
+    fn untrusted_only(&self, found: impl Fn(&str, &[f64]) -> bool) -> Option<Origin> {
+        let mut untrusted = None;
+        for (origin, trusted, text, nums) in &self.texts {
+            if !found(text, nums) {
+                continue;
+            }
+            if *trusted {
+                return None;
+            }
+            if untrusted.is_none() {
+                untrusted = Some(origin.clone());
+            }
+        }
+        untrusted
+    }
+}
+
+/// Lower case, white space collapsed to single spaces.
+fn normalize(s: &str) -> String {
+    s.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+fn significant_number(x: f64) -> bool {
+    x.is_finite() && (x.abs() >= MIN_NUMBER || x.fract() != 0.0)
+}
+
+fn significant_string(value: &str) -> bool {
+    let len = value.chars().count();
+    if len < MIN_STRING {
+        return false;
+    }
+    let word_like = value
+        .chars()
+        .all(|c| c.is_alphabetic() || c == ' ' || c == '-');
+    !(word_like && len < MIN_WORD)
+}
+
+/// A string that is a number as written (`1,200.50`, `-3`, `1200`).
+fn parse_number(s: &str) -> Option<f64> {
+    let t = s.trim();
+    if t.is_empty()
+        || !t
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, ',' | '.' | '-' | '+'))
+    {
+        return None;
+    }
+    t.replace(',', "").parse::<f64>().ok()
+}
+
+/// Every number written in a text, thousands separators allowed.
+fn numbers_in(text: &str) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let flush = |current: &mut String, out: &mut Vec<f64>| {
+        let trimmed = current.trim_matches(|c| c == ',' || c == '.');
+        if let Some(x) = parse_number(trimmed) {
+            out.push(x);
+        }
+        current.clear();
+    };
+    for c in text.chars() {
+        if c.is_ascii_digit() || ((c == ',' || c == '.') && !current.is_empty()) {
+            current.push(c);
+        } else {
+            flush(&mut current, &mut out);
+        }
+    }
+    flush(&mut current, &mut out);
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;
