@@ -345,6 +345,38 @@ pub struct ToolsConfig {
     /// general glob holds unless a more specific key sets it too.
     #[serde(default)]
     pub overrides: BTreeMap<String, ToolOverride>,
+    /// The built-in `web_fetch` tool.
+    #[serde(default)]
+    pub web_fetch: WebFetchConfig,
+}
+
+/// `[tools.web_fetch]`: off unless enabled; guarded against server-side
+/// request forgery (see docs/tools.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebFetchConfig {
+    pub enabled: bool,
+    /// Hosts that may resolve to private or loopback addresses
+    /// (`docs.internal`, `*.plant.example`, `127.0.0.1`).
+    pub allow_hosts: Vec<String>,
+    /// Allow private and loopback addresses for every host.
+    pub allow_private: bool,
+    pub max_bytes: usize,
+    pub timeout_s: u64,
+    pub max_redirects: u8,
+}
+
+impl Default for WebFetchConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            allow_hosts: Vec::new(),
+            allow_private: false,
+            max_bytes: 2 * 1024 * 1024,
+            timeout_s: 15,
+            max_redirects: 5,
+        }
+    }
 }
 
 impl ToolsConfig {

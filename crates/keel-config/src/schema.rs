@@ -213,6 +213,16 @@ static TOOLS: &[Field] = &[
         },
     ),
     opt("overrides", Ty::Map(&Ty::Table(OVERRIDE))),
+    opt("web_fetch", Ty::Table(WEB_FETCH)),
+];
+
+static WEB_FETCH: &[Field] = &[
+    opt("enabled", Ty::Bool),
+    opt("allow_hosts", STRS),
+    opt("allow_private", Ty::Bool),
+    opt("max_bytes", USIZE),
+    opt("timeout_s", U64),
+    opt("max_redirects", Ty::UInt(u8::MAX as u64)),
 ];
 
 static MCP: &[Field] = &[
@@ -725,6 +735,14 @@ mod tests {
                     },
                 )]
                 .into(),
+                web_fetch: WebFetchConfig {
+                    enabled: true,
+                    allow_hosts: vec!["docs.internal".into()],
+                    allow_private: true,
+                    max_bytes: 1,
+                    timeout_s: 1,
+                    max_redirects: 1,
+                },
             },
             verify: VerifyConfig {
                 tenant_field: "org".into(),

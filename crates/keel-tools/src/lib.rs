@@ -10,6 +10,7 @@ mod load;
 pub mod mcp;
 mod overrides;
 mod trust;
+pub mod web_fetch;
 
 pub use error::ToolsError;
 pub use load::{LoadedTools, ToolChanges, load_tools};

@@ -280,7 +280,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         }
         (None, None) => {}
     }
-    let all_tools = with_builtins(tools.tools.clone(), &memory);
+    let all_tools = with_builtins(tools.tools.clone(), &memory, &config.tools.web_fetch);
     log_trust(&keel_tools::TrustSummary::of(
         &all_tools,
         &tools.origins,
@@ -350,9 +350,21 @@ fn guards(config: &Config) -> anyhow::Result<Guards> {
 fn with_builtins(
     mut tools: Vec<Arc<dyn keel_protocol::Tool>>,
     memory: &Arc<dyn keel_memory::Memory>,
+    web_fetch: &keel_config::WebFetchConfig,
 ) -> Vec<Arc<dyn keel_protocol::Tool>> {
     tools.push(Arc::new(keel_memory::MemorySearchTool::new(memory.clone())));
     tools.push(Arc::new(keel_memory::MemoryGetTool::new(memory.clone())));
+    if web_fetch.enabled {
+        tools.push(Arc::new(keel_tools::web_fetch::WebFetch::new(
+            keel_tools::web_fetch::WebFetchSettings {
+                allow_hosts: web_fetch.allow_hosts.clone(),
+                allow_private: web_fetch.allow_private,
+                max_bytes: web_fetch.max_bytes,
+                timeout: std::time::Duration::from_secs(web_fetch.timeout_s.max(1)),
+                max_redirects: web_fetch.max_redirects,
+            },
+        )));
+    }
     tools
 }
 
@@ -431,12 +443,13 @@ pub fn follow_tool_changes(
     tools: Arc<LoadedTools>,
     memory: Arc<dyn keel_memory::Memory>,
     approval_risk: keel_protocol::Risk,
+    web_fetch: keel_config::WebFetchConfig,
 ) {
     tokio::spawn(async move {
         let mut changes = tools.changes();
         while changes.changed().await {
             let (current, origins) = tools.current_tools_with_origins();
-            let all_tools = with_builtins(current, &memory);
+            let all_tools = with_builtins(current, &memory, &web_fetch);
             let summary = keel_tools::TrustSummary::of(&all_tools, &origins, approval_risk);
             match ToolSet::new(all_tools) {
                 Ok(set) => {

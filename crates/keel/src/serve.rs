@@ -38,6 +38,7 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         app.tools.clone(),
         app.memory.clone(),
         app.config.policy.approval_risk,
+        app.config.tools.web_fetch.clone(),
     );
     let resumed = app
         .runtime
