@@ -348,6 +348,50 @@ pub struct ToolsConfig {
     /// The built-in `web_fetch` tool.
     #[serde(default)]
     pub web_fetch: WebFetchConfig,
+    /// The built-in `exec` tool.
+    #[serde(default)]
+    pub exec: ExecConfig,
+}
+
+/// `[tools.exec]`: off unless enabled; argv only, an allowlist, a Landlock
+/// sandbox, and approval unless `requires_approval = false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecConfig {
+    pub enabled: bool,
+    pub programs: Vec<ExecProgram>,
+    /// Readable (and runnable) beyond what the system needs.
+    pub read_paths: Vec<String>,
+    /// The only places the program may write.
+    pub write_paths: Vec<String>,
+    pub timeout_s: u64,
+    pub max_output_bytes: usize,
+    pub requires_approval: bool,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            programs: Vec::new(),
+            read_paths: Vec::new(),
+            write_paths: Vec::new(),
+            timeout_s: 30,
+            max_output_bytes: 64 * 1024,
+            requires_approval: true,
+        }
+    }
+}
+
+/// One allowlisted program of `[tools.exec]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecProgram {
+    /// Absolute path of the program.
+    pub path: String,
+    /// Regular expressions; every argument must match one (none = no arguments).
+    #[serde(default)]
+    pub args: Vec<String>,
 }
 
 /// `[tools.web_fetch]`: off unless enabled; guarded against server-side

@@ -214,7 +214,26 @@ static TOOLS: &[Field] = &[
     ),
     opt("overrides", Ty::Map(&Ty::Table(OVERRIDE))),
     opt("web_fetch", Ty::Table(WEB_FETCH)),
+    opt("exec", Ty::Table(EXEC)),
 ];
+
+static EXEC: &[Field] = &[
+    opt("enabled", Ty::Bool),
+    opt(
+        "programs",
+        Ty::Tables {
+            fields: EXEC_PROGRAM,
+            key: Some("path"),
+        },
+    ),
+    opt("read_paths", STRS),
+    opt("write_paths", STRS),
+    opt("timeout_s", U64),
+    opt("max_output_bytes", USIZE),
+    opt("requires_approval", Ty::Bool),
+];
+
+static EXEC_PROGRAM: &[Field] = &[req("path", Ty::Str), opt("args", STRS)];
 
 static WEB_FETCH: &[Field] = &[
     opt("enabled", Ty::Bool),
@@ -735,6 +754,18 @@ mod tests {
                     },
                 )]
                 .into(),
+                exec: ExecConfig {
+                    enabled: true,
+                    programs: vec![ExecProgram {
+                        path: "/usr/bin/ls".into(),
+                        args: vec!["^-l$".into()],
+                    }],
+                    read_paths: vec!["/data".into()],
+                    write_paths: vec!["/data/out".into()],
+                    timeout_s: 1,
+                    max_output_bytes: 1,
+                    requires_approval: false,
+                },
                 web_fetch: WebFetchConfig {
                     enabled: true,
                     allow_hosts: vec!["docs.internal".into()],

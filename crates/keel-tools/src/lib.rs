@@ -5,6 +5,7 @@
 
 mod env;
 mod error;
+pub mod exec;
 pub mod http;
 mod load;
 pub mod mcp;

@@ -280,7 +280,12 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         }
         (None, None) => {}
     }
-    let all_tools = with_builtins(tools.tools.clone(), &memory, &config.tools.web_fetch);
+    let all_tools = with_builtins(
+        tools.tools.clone(),
+        &memory,
+        &config.tools.web_fetch,
+        &config.tools.exec,
+    );
     log_trust(&keel_tools::TrustSummary::of(
         &all_tools,
         &tools.origins,
@@ -351,6 +356,7 @@ fn with_builtins(
     mut tools: Vec<Arc<dyn keel_protocol::Tool>>,
     memory: &Arc<dyn keel_memory::Memory>,
     web_fetch: &keel_config::WebFetchConfig,
+    exec: &keel_config::ExecConfig,
 ) -> Vec<Arc<dyn keel_protocol::Tool>> {
     tools.push(Arc::new(keel_memory::MemorySearchTool::new(memory.clone())));
     tools.push(Arc::new(keel_memory::MemoryGetTool::new(memory.clone())));
@@ -365,7 +371,47 @@ fn with_builtins(
             },
         )));
     }
+    if exec.enabled {
+        match exec_tool(exec) {
+            Ok(tool) => tools.push(Arc::new(tool)),
+            Err(e) => tracing::error!(error = %e, "exec tool left out"),
+        }
+    }
     tools
+}
+
+/// The `exec` tool; its sandbox helper is this very binary (`keel __exec-sandbox`).
+fn exec_tool(cfg: &keel_config::ExecConfig) -> anyhow::Result<keel_tools::exec::Exec> {
+    let programs = cfg
+        .programs
+        .iter()
+        .map(|p| {
+            let args = p
+                .args
+                .iter()
+                .map(|a| regex::Regex::new(a))
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("tools.exec: arguments of {}", p.path))?;
+            Ok(keel_tools::exec::Program {
+                path: PathBuf::from(&p.path),
+                args,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(keel_tools::exec::Exec::new(
+        keel_tools::exec::ExecSettings {
+            programs,
+            read_paths: cfg.read_paths.iter().map(PathBuf::from).collect(),
+            write_paths: cfg.write_paths.iter().map(PathBuf::from).collect(),
+            cwd: None,
+            timeout: std::time::Duration::from_secs(cfg.timeout_s.max(1)),
+            max_output_bytes: cfg.max_output_bytes,
+            requires_approval: cfg.requires_approval,
+            helper: std::env::current_exe()
+                .context("locating keel's own binary for the exec sandbox")?,
+            helper_args: vec!["__exec-sandbox".into()],
+        },
+    ))
 }
 
 /// Session summaries go to long-term memory (indexed, so `memory_search`
@@ -444,12 +490,13 @@ pub fn follow_tool_changes(
     memory: Arc<dyn keel_memory::Memory>,
     approval_risk: keel_protocol::Risk,
     web_fetch: keel_config::WebFetchConfig,
+    exec: keel_config::ExecConfig,
 ) {
     tokio::spawn(async move {
         let mut changes = tools.changes();
         while changes.changed().await {
             let (current, origins) = tools.current_tools_with_origins();
-            let all_tools = with_builtins(current, &memory, &web_fetch);
+            let all_tools = with_builtins(current, &memory, &web_fetch, &exec);
             let summary = keel_tools::TrustSummary::of(&all_tools, &origins, approval_risk);
             match ToolSet::new(all_tools) {
                 Ok(set) => {

@@ -153,6 +153,14 @@ enum ApprovalAction {
 }
 
 fn main() -> std::process::ExitCode {
+    // The exec tool's sandbox helper: restricts itself, then becomes the
+    // allowed program. Handled first, so nothing else runs in that process.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "__exec-sandbox")
+    {
+        return keel_tools::exec::sandbox_main(std::env::args_os().skip(2).collect());
+    }
     init_tracing();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

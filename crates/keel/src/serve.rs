@@ -39,6 +39,7 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         app.memory.clone(),
         app.config.policy.approval_risk,
         app.config.tools.web_fetch.clone(),
+        app.config.tools.exec.clone(),
     );
     let resumed = app
         .runtime

@@ -715,3 +715,51 @@ async fn an_injected_transfer_waits_for_approval_by_default_and_is_denied_unatte
     assert!(told.contains("must come from the user"), "{told}");
     assert!(model.violations().is_empty(), "{:?}", model.violations());
 }
+
+#[tokio::test]
+async fn exec_stops_for_approval_then_runs_sandboxed_in_the_allowed_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let inside = dir.path().join("report.txt");
+    let model = FakeOpenAi::start(Script::queue(vec![
+        Reply::tool_call(
+            "exec",
+            json!({"program": "touch", "args": [inside.to_str().unwrap()]}),
+        ),
+        Reply::text("The report file is there."),
+    ]))
+    .await;
+    let tools = ToolServer::start().await;
+    let mut env = Env::new(&model.base_url(), &tools.base_url());
+    env.extra_tools = format!(
+        "[tools.exec]\nenabled = true\nwrite_paths = [\"{d}\"]\n[[tools.exec.programs]]\npath = \"/usr/bin/touch\"\nargs = [\"^/[A-Za-z0-9_./-]+$\"]\n",
+        d = dir.path().display()
+    );
+    let keel = Keel::start_with(&env, |c| {
+        c.replacen(
+            r#"tools = ["furnace_status", "slow_op", "restart_furnace", "shutdown_line", "tenant_rows", "job_status"]"#,
+            r#"tools = ["exec"]"#,
+            1,
+        )
+    })
+    .await;
+    let id = keel.start_run("Create the report file", None).await;
+    let run = keel.wait_status(&id, "waiting_approval", None).await;
+    assert_eq!(run["pending"]["tool"], "exec");
+    assert!(!inside.exists(), "nothing ran before the approval");
+    let approval = run["pending"]["approval_id"].as_str().unwrap().to_owned();
+    let (code, body) = keel
+        .post(
+            &format!("/ai/approvals/{approval}"),
+            json!({"decision": "approve", "reason": "ok"}),
+            None,
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let run = keel.wait_status(&id, "completed", None).await;
+    assert_eq!(run["output"], "The report file is there.");
+    assert!(
+        inside.exists(),
+        "the approved program ran and wrote inside the allowed path"
+    );
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}

@@ -13,6 +13,7 @@ use crate::tree::KeyPath;
 use super::{pattern_is_known, root, unique_names};
 
 pub(super) fn check(config: &Config, found: &mut Findings) {
+    check_exec(config, found);
     check_policy(config, found);
     check_hooks(config, found);
     check_verify(config, found);
@@ -47,6 +48,44 @@ fn check_policy(config: &Config, found: &mut Findings) {
                 format!("must be between 0.0 and 1.0, not {c}"),
             );
         }
+    }
+}
+
+fn check_exec(config: &Config, found: &mut Findings) {
+    let exec = root("tools").key("exec");
+    for (i, program) in config.tools.exec.programs.iter().enumerate() {
+        let at = exec.key("programs").index(i);
+        if !program.path.starts_with('/') {
+            found.error_at(
+                &at.key("path"),
+                format!(
+                    "must be an absolute path, not {:?}: no PATH lookup happens",
+                    program.path
+                ),
+            );
+        }
+        for (j, pattern) in program.args.iter().enumerate() {
+            check_regex(found, &at.key("args").index(j), pattern);
+        }
+    }
+    for (key, paths) in [
+        ("read_paths", &config.tools.exec.read_paths),
+        ("write_paths", &config.tools.exec.write_paths),
+    ] {
+        for (i, p) in paths.iter().enumerate() {
+            if !p.starts_with('/') {
+                found.error_at(
+                    &exec.key(key).index(i),
+                    format!("must be an absolute path, not {p:?}"),
+                );
+            }
+        }
+    }
+    if config.tools.exec.enabled && config.tools.exec.programs.is_empty() {
+        found.warning_at(
+            &exec.key("programs"),
+            "is empty: exec can run nothing".into(),
+        );
     }
 }
 
