@@ -225,8 +225,11 @@ async fn streamed_round_trip_has_ordered_typed_events() {
     let (_model, _tools, keel) = start(
         vec![
             Reply::tool_call("get_furnace_temp", json!({"furnace_id": "F1"})),
+            // Gaps wide enough that chunks arrive apart even when the
+            // machine runs many tests at once: keel sends what has arrived
+            // together as one delta, so 5 ms gaps could merge into one.
             Reply::text("F1 is at 1380 °C, within limits.")
-                .with_chunk_gap(Duration::from_millis(5)),
+                .with_chunk_gap(Duration::from_millis(40)),
         ],
         true,
         false,
