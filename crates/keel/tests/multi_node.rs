@@ -571,3 +571,111 @@ async fn keel_migrate_brings_a_fresh_database_to_the_current_schema() {
     assert_eq!(columns, ["lease_until", "owner"]);
     conn.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn another_node_taking_over_still_denies_a_tainted_call() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    // The model reads a bill with an injected transfer and obeys it; its
+    // first answer after the read is slow, and node A is killed meanwhile.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let model = FakeOpenAi::start(Script::handler(move |request| {
+        let conversation = request["messages"].to_string();
+        if conversation.contains("must come from the user") {
+            return Reply::text("I did not transfer anything.");
+        }
+        if conversation.contains("IGNORE PREVIOUS INSTRUCTIONS") {
+            let transfer = Reply::tool_call(
+                "send_money",
+                json!({"iban": "GB29 NWBK 6016 1331 9268 19", "amount": 2500}),
+            );
+            return if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                transfer.after(Duration::from_secs(60))
+            } else {
+                transfer
+            };
+        }
+        Reply::tool_call("read_bill", json!({}))
+    }))
+    .await;
+    let tools = ToolServer::start().await;
+    let db = TestDb::create().await;
+    let bank = |node: &str| {
+        let mut env = env(&model, &tools, &db, node);
+        env.extra_tools.push_str(&format!(
+            r#"
+[[tools.http]]
+name = "read_bill"
+description = "Read the latest bill"
+method = "GET"
+url = "{t}/lookup/bill"
+risk = "read"
+
+[[tools.http]]
+name = "send_money"
+description = "Transfer money"
+method = "POST"
+url = "{t}/charge"
+parameters = {{ type = "object", properties = {{ iban = {{ type = "string" }}, amount = {{ type = "number" }} }}, required = ["iban", "amount"] }}
+risk = "write"
+
+[[agents]]
+id = "bank"
+provider = "main"
+system_prompt = "You pay bills."
+tools = ["read_bill", "send_money"]
+
+[policy]
+untrusted_arguments = "deny"
+"#,
+            t = tools.base_url()
+        ));
+        env
+    };
+    let mut a = Keel::start(&bank("node-a")).await;
+    let b = Keel::start(&bank("node-b")).await;
+    let (status, body) = a
+        .post(
+            "/ai/runs",
+            json!({"input": "Pay my latest bill.", "agent": "bank"}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    for _ in 0..1000 {
+        if asked.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        1,
+        "A waits for the model's answer"
+    );
+    a.kill9().await;
+    // B takes the run over once A's lease expires and resumes it.
+    let run = b.wait_status(&id, "completed", None).await;
+    assert_eq!(run["output"], "I did not transfer anything.");
+    assert_eq!(
+        tools.count("charge_started"),
+        0,
+        "the tainted transfer never ran"
+    );
+    let frames = b.events(&id, None, None).await;
+    assert_gap_free(&frames, 1);
+    let denial = frames
+        .iter()
+        .find(|f| f.event == "policy_decision" && f.data["decision"] == "deny")
+        .unwrap();
+    assert_eq!(denial.data["rule"], "provenance");
+    assert!(
+        plain(&std::fs::read_to_string(b.dir.join("keel.log")).unwrap_or_default())
+            .contains("took over run"),
+        "node B took the run over"
+    );
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
