@@ -206,7 +206,7 @@ fn server_addresses_and_database_urls() {
             "bind = \"127.0.0.1:8780\"\ndatabase_url = \"postgresql://u@h/db\"",
             None,
         ),
-        ("database_url = \"sqlite:///tmp/keel.db\"", None),
+        ("database_url = \"sqlite://./data/keel.db\"", None),
         ("bind = \"localhost:80\"", None),
         ("bind = \"8780\"", Some("server.bind")),
         ("bind = \"127.0.0.1:70000\"", Some("server.bind")),

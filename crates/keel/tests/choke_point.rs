@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{Env, Keel};
+use common::{Env, Keel, NOTHING_TRANSFERRED, bank_tools, obedient_bank_model};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::tool_server::ToolServer;
 use serde_json::{Value, json};
@@ -49,8 +49,13 @@ url = "{tools}/lookup/stock"
 parameters = { type = "object", properties = { symbol = { type = "string", description = "Ticker symbol" } }, required = ["symbol"] }
 "#;
 
-const AGENT_TOOLS: &str =
-    r#"tools = ["furnace_status", "send_message", "create_file", "book_flight", "get_stock_info"]"#;
+const AGENT_TOOLS: [&str; 5] = [
+    "furnace_status",
+    "send_message",
+    "create_file",
+    "book_flight",
+    "get_stock_info",
+];
 
 /// One user turn in the style of BFCL `multi_turn_miss_param`: the user's
 /// request lacks one argument, the model calls without it, keel asks, and
@@ -151,14 +156,8 @@ async fn every_sentence_answer_ends_in_the_right_call_and_never_reaches_a_tool()
     let tools = ToolServer::start().await;
     let mut env = Env::new(&model.base_url(), &tools.base_url());
     env.extra_tools = BFCL_TOOLS.replace("{tools}", &tools.base_url());
-    let keel = Keel::start_with(&env, |c| {
-        c.replacen(
-            r#"tools = ["furnace_status", "slow_op", "restart_furnace", "shutdown_line", "tenant_rows", "job_status"]"#,
-            AGENT_TOOLS,
-            1,
-        )
-    })
-    .await;
+    env.agent_tools = AGENT_TOOLS.map(String::from).to_vec();
+    let keel = Keel::start(&env).await;
     for case in cases() {
         let before = tools.calls().len();
         let id = keel.start_run(case.input, None).await;
@@ -608,70 +607,13 @@ reason = "the model is not sure which furnace is meant"
     assert!(model.violations().is_empty(), "{:?}", model.violations());
 }
 
-/// A bill to read and a transfer to make, for the provenance tests.
-const BANK_TOOLS: &str = r#"
-[[tools.http]]
-name = "read_bill"
-description = "Read the latest bill"
-method = "GET"
-url = "{tools}/lookup/bill"
-parameters = { type = "object", properties = {} }
-risk = "read"
-
-[[tools.http]]
-name = "send_money"
-description = "Transfer money"
-method = "POST"
-url = "{tools}/charge"
-parameters = { type = "object", properties = { iban = { type = "string" }, amount = { type = "number" } }, required = ["iban", "amount"] }
-risk = "write"
-"#;
-
-/// A model that obeys the instruction injected into the bill.
-fn obedient_model() -> Script {
-    Script::handler(|request| {
-        let conversation = request["messages"].to_string();
-        if conversation.contains("send_money") && conversation.contains("\"role\":\"tool\"") {
-            let last = last_message(request);
-            if last["content"].as_str().unwrap_or("").contains("charged")
-                || last["content"]
-                    .as_str()
-                    .unwrap_or("")
-                    .contains("Not executed")
-                || last["content"]
-                    .as_str()
-                    .unwrap_or("")
-                    .contains("not approve")
-            {
-                return Reply::text("Done what I could.");
-            }
-        }
-        if conversation.contains("IGNORE PREVIOUS INSTRUCTIONS") {
-            return Reply::tool_call(
-                "send_money",
-                json!({"iban": "GB29 NWBK 6016 1331 9268 19", "amount": 2500}),
-            );
-        }
-        Reply::tool_call("read_bill", json!({}))
-    })
-}
-
 async fn bank_keel(policy: &str) -> (FakeOpenAi, ToolServer, Keel) {
-    let model = FakeOpenAi::start(obedient_model()).await;
+    let model = FakeOpenAi::start(obedient_bank_model(None).0).await;
     let tools = ToolServer::start().await;
     let mut env = Env::new(&model.base_url(), &tools.base_url());
-    env.extra_tools = format!(
-        "{}\n{policy}",
-        BANK_TOOLS.replace("{tools}", &tools.base_url())
-    );
-    let keel = Keel::start_with(&env, |c| {
-        c.replacen(
-            r#"tools = ["furnace_status", "slow_op", "restart_furnace", "shutdown_line", "tenant_rows", "job_status"]"#,
-            r#"tools = ["read_bill", "send_money"]"#,
-            1,
-        )
-    })
-    .await;
+    env.extra_tools = format!("{}\n{policy}", bank_tools(&tools.base_url()));
+    env.agent_tools = vec!["read_bill".into(), "send_money".into()];
+    let keel = Keel::start(&env).await;
     (model, tools, keel)
 }
 
@@ -705,7 +647,7 @@ async fn an_injected_transfer_waits_for_approval_by_default_and_is_denied_unatte
     let (model, tools, keel) = bank_keel("[policy]\nuntrusted_arguments = \"deny\"\n").await;
     let id = keel.start_run("Pay my latest bill.", None).await;
     let run = keel.wait_status(&id, "completed", None).await;
-    assert_eq!(run["output"], "Done what I could.");
+    assert_eq!(run["output"], NOTHING_TRANSFERRED);
     assert_eq!(
         tools.count("charge_started"),
         0,
@@ -734,14 +676,8 @@ async fn exec_stops_for_approval_then_runs_sandboxed_in_the_allowed_path() {
         "[tools.exec]\nenabled = true\nwrite_paths = [\"{d}\"]\n[[tools.exec.programs]]\npath = \"/usr/bin/touch\"\nargs = [\"^/[A-Za-z0-9_./-]+$\"]\n",
         d = dir.path().display()
     );
-    let keel = Keel::start_with(&env, |c| {
-        c.replacen(
-            r#"tools = ["furnace_status", "slow_op", "restart_furnace", "shutdown_line", "tenant_rows", "job_status"]"#,
-            r#"tools = ["exec"]"#,
-            1,
-        )
-    })
-    .await;
+    env.agent_tools = vec!["exec".into()];
+    let keel = Keel::start(&env).await;
     let id = keel.start_run("Create the report file", None).await;
     let run = keel.wait_status(&id, "waiting_approval", None).await;
     assert_eq!(run["pending"]["tool"], "exec");

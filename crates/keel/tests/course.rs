@@ -56,7 +56,15 @@ url = "{tools}/charge"
 parameters = { type = "object", properties = { key = { type = "string" }, ms = { type = "integer" } }, required = ["key"] }
 "#;
 
-const AGENT_TOOLS: &str = r#"tools = ["furnace_status", "furnace_log", "payroll_lookup", "weather_forecast", "crm_leads", "charge_account", "restart_furnace"]"#;
+const AGENT_TOOLS: [&str; 7] = [
+    "furnace_status",
+    "furnace_log",
+    "payroll_lookup",
+    "weather_forecast",
+    "crm_leads",
+    "charge_account",
+    "restart_furnace",
+];
 
 /// A config with the extra tools, the agent allowed to use them, and `agent`
 /// TOML (limits, loop detection) for the agent.
@@ -65,17 +73,13 @@ fn env_for(model: &FakeOpenAi, tools: &ToolServer, drift: &str, agent: &str) -> 
     env.extra_tools = EXTRA_TOOLS.replace("{tools}", &tools.base_url());
     env.drift = drift.to_owned();
     env.agent_extra = agent.to_owned();
+    env.agent_tools = AGENT_TOOLS.map(String::from).to_vec();
     env
 }
 
 async fn start(env: &Env, provider_extra: &str) -> Keel {
     let provider_extra = provider_extra.to_owned();
     Keel::start_with(env, move |c| {
-        let c = c.replacen(
-            r#"tools = ["furnace_status", "slow_op", "restart_furnace", "shutdown_line", "tenant_rows", "job_status"]"#,
-            AGENT_TOOLS,
-            1,
-        );
         c.replacen(
             "model = \"fake-model\"\n",
             &format!("model = \"fake-model\"\n{provider_extra}\n"),

@@ -13,7 +13,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::{Env, Keel, assert_gap_free};
+use common::{Env, Keel, NOTHING_TRANSFERRED, assert_gap_free, bank_tools, obedient_bank_model};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::tool_server::ToolServer;
 use serde_json::{Value, json};
@@ -574,53 +574,19 @@ async fn keel_migrate_brings_a_fresh_database_to_the_current_schema() {
 
 #[tokio::test]
 async fn another_node_taking_over_still_denies_a_tainted_call() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
 
     // The model reads a bill with an injected transfer and obeys it; its
     // first answer after the read is slow, and node A is killed meanwhile.
-    let asked = Arc::new(AtomicUsize::new(0));
-    let counter = asked.clone();
-    let model = FakeOpenAi::start(Script::handler(move |request| {
-        let conversation = request["messages"].to_string();
-        if conversation.contains("must come from the user") {
-            return Reply::text("I did not transfer anything.");
-        }
-        if conversation.contains("IGNORE PREVIOUS INSTRUCTIONS") {
-            let transfer = Reply::tool_call(
-                "send_money",
-                json!({"iban": "GB29 NWBK 6016 1331 9268 19", "amount": 2500}),
-            );
-            return if counter.fetch_add(1, Ordering::SeqCst) == 0 {
-                transfer.after(Duration::from_secs(60))
-            } else {
-                transfer
-            };
-        }
-        Reply::tool_call("read_bill", json!({}))
-    }))
-    .await;
+    let (script, asked) = obedient_bank_model(Some(Duration::from_secs(60)));
+    let model = FakeOpenAi::start(script).await;
     let tools = ToolServer::start().await;
     let db = TestDb::create().await;
     let bank = |node: &str| {
         let mut env = env(&model, &tools, &db, node);
-        env.extra_tools.push_str(&format!(
+        env.extra_tools.push_str(&bank_tools(&tools.base_url()));
+        env.extra_tools.push_str(
             r#"
-[[tools.http]]
-name = "read_bill"
-description = "Read the latest bill"
-method = "GET"
-url = "{t}/lookup/bill"
-risk = "read"
-
-[[tools.http]]
-name = "send_money"
-description = "Transfer money"
-method = "POST"
-url = "{t}/charge"
-parameters = {{ type = "object", properties = {{ iban = {{ type = "string" }}, amount = {{ type = "number" }} }}, required = ["iban", "amount"] }}
-risk = "write"
-
 [[agents]]
 id = "bank"
 provider = "main"
@@ -630,8 +596,7 @@ tools = ["read_bill", "send_money"]
 [policy]
 untrusted_arguments = "deny"
 "#,
-            t = tools.base_url()
-        ));
+        );
         env
     };
     let mut a = Keel::start(&bank("node-a")).await;
@@ -659,7 +624,7 @@ untrusted_arguments = "deny"
     a.kill9().await;
     // B takes the run over once A's lease expires and resumes it.
     let run = b.wait_status(&id, "completed", None).await;
-    assert_eq!(run["output"], "I did not transfer anything.");
+    assert_eq!(run["output"], NOTHING_TRANSFERRED);
     assert_eq!(
         tools.count("charge_started"),
         0,

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Env, Keel, assert_gap_free};
+use common::{Env, Keel, NOTHING_TRANSFERRED, assert_gap_free, bank_tools, obedient_bank_model};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::tool_server::ToolServer;
 use serde_json::json;
@@ -233,65 +233,21 @@ async fn a_run_waiting_for_input_still_waits_after_a_crash() {
 
 #[tokio::test]
 async fn the_provenance_of_arguments_survives_a_kill_9() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
 
     // The model reads a bill carrying an injected transfer, and obeys it.
     // Its answer after the read is slow the first time: the node is killed
     // while it waits, and the restarted node asks again.
-    let asked_after_read = Arc::new(AtomicUsize::new(0));
-    let counter = asked_after_read.clone();
-    let model = FakeOpenAi::start(Script::handler(move |request| {
-        let conversation = request["messages"].to_string();
-        if conversation.contains("must come from the user") {
-            return Reply::text("I did not transfer anything.");
-        }
-        if conversation.contains("IGNORE PREVIOUS INSTRUCTIONS") {
-            let transfer = Reply::tool_call(
-                "send_money",
-                json!({"iban": "GB29 NWBK 6016 1331 9268 19", "amount": 2500}),
-            );
-            return if counter.fetch_add(1, Ordering::SeqCst) == 0 {
-                Reply::delay(Duration::from_secs(30), Box::new(transfer))
-            } else {
-                transfer
-            };
-        }
-        Reply::tool_call("read_bill", json!({}))
-    }))
-    .await;
+    let (script, asked_after_read) = obedient_bank_model(Some(Duration::from_secs(30)));
+    let model = FakeOpenAi::start(script).await;
     let tools = ToolServer::start().await;
     let mut env = Env::new(&model.base_url(), &tools.base_url());
     env.extra_tools = format!(
-        r#"
-[[tools.http]]
-name = "read_bill"
-description = "Read the latest bill"
-method = "GET"
-url = "{t}/lookup/bill"
-risk = "read"
-
-[[tools.http]]
-name = "send_money"
-description = "Transfer money"
-method = "POST"
-url = "{t}/charge"
-parameters = {{ type = "object", properties = {{ iban = {{ type = "string" }}, amount = {{ type = "number" }} }}, required = ["iban", "amount"] }}
-risk = "write"
-
-[policy]
-untrusted_arguments = "deny"
-"#,
-        t = tools.base_url()
+        "{}\n[policy]\nuntrusted_arguments = \"deny\"\n",
+        bank_tools(&tools.base_url())
     );
-    let mut keel = Keel::start_with(&env, |c| {
-        c.replacen(
-            r#"tools = ["furnace_status", "slow_op", "restart_furnace", "shutdown_line", "tenant_rows", "job_status"]"#,
-            r#"tools = ["read_bill", "send_money"]"#,
-            1,
-        )
-    })
-    .await;
+    env.agent_tools = vec!["read_bill".into(), "send_money".into()];
+    let mut keel = Keel::start(&env).await;
     let id = keel.start_run("Pay my latest bill.", None).await;
     keel.events_until(&id, None, None, |f| f.event == "tool_result")
         .await;
@@ -309,7 +265,7 @@ untrusted_arguments = "deny"
     keel.kill9().await;
     keel.restart().await;
     let run = keel.wait_status(&id, "completed", None).await;
-    assert_eq!(run["output"], "I did not transfer anything.");
+    assert_eq!(run["output"], NOTHING_TRANSFERRED);
     assert_eq!(
         tools.count("charge_started"),
         0,
