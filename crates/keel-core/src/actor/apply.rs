@@ -11,7 +11,7 @@ use keel_protocol::{
     ClientCall, CompletionReason, EventKind, FeedbackCode, ToolCall, ToolContext, ToolError,
 };
 
-use super::{Answer, Exit, RunActor, synthetic_result};
+use super::{Answer, Exit, Flow, RunActor, synthetic_result};
 use crate::pipeline::{Cleared, Target, ToolSnapshot, Verdict};
 use keel_config::OnClarifyExhausted;
 
@@ -194,6 +194,21 @@ impl RunActor {
                 Ok(CallFlow::Next)
             }
         }
+    }
+
+    /// After a call decided outside a model turn (an answer to a question,
+    /// an approval): the run waits for what the call needs, or goes on.
+    pub(super) async fn settle(&mut self, flow: CallFlow) -> Result<Flow, Exit> {
+        self.flush_notes().await?;
+        match flow {
+            CallFlow::Done(answer) => return Ok(Flow::Answered(answer)),
+            CallFlow::Wait => self.enter_waiting().await?,
+            CallFlow::Next | CallFlow::WaitApproval => {}
+        }
+        if !self.state.client_waiting.is_empty() {
+            self.enter_client_wait().await?;
+        }
+        Ok(Flow::Continue)
     }
 
     /// A warning lets the call run; the model reads it after the turn.

@@ -11,7 +11,6 @@ use keel_protocol::{
 };
 use serde_json::Value;
 
-use super::apply::CallFlow;
 use super::{Exit, Flow, RunActor, synthetic_result};
 use crate::pipeline::Origin;
 use crate::runtime::Command;
@@ -181,15 +180,7 @@ impl RunActor {
             let flow = self
                 .decide(&call, &snapshot, Origin::Approved, &Default::default())
                 .await?;
-            self.flush_notes().await?;
-            match flow {
-                CallFlow::Done(answer) => return Ok(Flow::Answered(answer)),
-                CallFlow::Wait => self.enter_waiting().await?,
-                CallFlow::Next | CallFlow::WaitApproval => {}
-            }
-            if !self.state.client_waiting.is_empty() {
-                self.enter_client_wait().await?;
-            }
+            return self.settle(flow).await;
         } else {
             let why = if record.status == ApprovalStatus::Expired {
                 "the approval expired without a decision".to_owned()

@@ -6,7 +6,6 @@
 
 use keel_protocol::{EventKind, Message, RunStatus, ToolCall};
 
-use super::apply::CallFlow;
 use super::{Exit, Flow, RunActor};
 use crate::clarify;
 use crate::pipeline::{Ask, Origin};
@@ -116,7 +115,7 @@ impl RunActor {
                         &Default::default(),
                     )
                     .await?;
-                return self.after_answered_call(flow).await;
+                return self.settle(flow).await;
             }
         }
         let held = match w.kind {
@@ -143,19 +142,5 @@ impl RunActor {
         self.commit(Vec::new(), vec![result, Message::user(reply)])
             .await?;
         Ok(Flow::Continue)
-    }
-
-    async fn after_answered_call(&mut self, flow: CallFlow) -> Result<Flow, Exit> {
-        match flow {
-            CallFlow::Next | CallFlow::WaitApproval => {
-                self.flush_notes().await?;
-                Ok(Flow::Continue)
-            }
-            CallFlow::Wait => {
-                self.enter_waiting().await?;
-                Ok(Flow::Continue)
-            }
-            CallFlow::Done(answer) => Ok(Flow::Answered(answer)),
-        }
     }
 }
