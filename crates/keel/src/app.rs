@@ -59,11 +59,13 @@ pub fn load_config(source: &Source) -> anyhow::Result<Config> {
         }
     }
     .map_err(|e| anyhow::anyhow!("invalid configuration:\n{e}"))?;
+    // From here on a terminal command's log has its file.
+    crate::logging::to_file(&Path::new(&loaded.config.server.data_dir).join("keel.log"));
     if let Source::Defaults = source {
         crate::zero_config::announce(&loaded.config);
     }
     for w in &loaded.warnings {
-        tracing::warn!("{w}");
+        tracing::warn!(target: crate::logging::NOTICE, "warning: {w}");
     }
     Ok(loaded.config)
 }
@@ -274,7 +276,19 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     .context("opening long-term memory")?;
     let status = memory.status();
     match (&status.embedder, &status.notice) {
-        (_, Some(notice)) => tracing::warn!("memory: {notice}"),
+        (_, Some(notice)) => {
+            tracing::warn!("memory: {notice}");
+            let remedy = match config.memory.embedder {
+                keel_config::EmbedderKind::Local => {
+                    "install one with `bash scripts/setup-embedder.sh`"
+                }
+                _ => "see keel.log",
+            };
+            tracing::info!(
+                target: crate::logging::NOTICE,
+                "memory: no embedding model, keyword search only ({remedy})"
+            );
+        }
         (Some(model), None) => {
             tracing::info!("memory: hybrid search with the embedding model {model}")
         }

@@ -6,6 +6,7 @@ mod approvals_cmd;
 mod check;
 #[cfg(feature = "local")]
 mod local_provider;
+mod logging;
 mod memory_cmd;
 mod migrate_cmd;
 #[cfg(feature = "local")]
@@ -30,6 +31,10 @@ struct Cli {
     /// Configuration file (default: $KEEL_CONFIG, else ./keel.toml when present, else built-in defaults).
     #[arg(long, global = true, env = "KEEL_CONFIG")]
     config: Option<PathBuf>,
+    /// Write the whole log to stderr (as `KEEL_LOG` does), not to
+    /// <data_dir>/keel.log.
+    #[arg(long, short, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -161,8 +166,17 @@ fn main() -> std::process::ExitCode {
     {
         return keel_tools::exec::sandbox_main(std::env::args_os().skip(2).collect());
     }
-    init_tracing();
     let cli = Cli::parse();
+    // A person at the terminal gets the run's timeline, not the log; a
+    // server's log is its output.
+    let quiet = matches!(cli.command, Command::Run { .. } | Command::Memory { .. })
+        || cfg!(feature = "local") && is_model_command(&cli.command);
+    let destination = if quiet && !cli.verbose && std::env::var_os("KEEL_LOG").is_none() {
+        logging::Destination::File
+    } else {
+        logging::Destination::Stderr
+    };
+    logging::init(destination);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -233,11 +247,12 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+#[cfg(feature = "local")]
+fn is_model_command(command: &Command) -> bool {
+    matches!(command, Command::Model { .. })
+}
+
+#[cfg(not(feature = "local"))]
+fn is_model_command(_: &Command) -> bool {
+    false
 }

@@ -44,8 +44,8 @@ fn toml_quote(s: &str) -> String {
     serde_json::Value::String(s.to_owned()).to_string()
 }
 
-/// One line on stderr saying what the built-in defaults are and how to
-/// point keel at a real provider.
+/// One log line saying what the built-in defaults are and how to point keel
+/// at a real provider.
 pub fn announce(config: &Config) {
     let provider = config.providers.first();
     let model = provider.map_or("none", |p| p.model.as_str());
@@ -55,8 +55,8 @@ pub fn announce(config: &Config) {
         Some(ProviderKind::Anthropic) => "Anthropic model",
         None => "no model",
     };
-    eprintln!(
-        "keel: no keel.toml — defaults: {kind} `{model}`, SQLite under {}, all tools, agent `default`. \
+    tracing::info!(
+        "no keel.toml — defaults: {kind} `{model}`, SQLite under {}, all tools, agent `default`. \
          For a real provider set OPENAI_BASE_URL (+ OPENAI_API_KEY, KEEL_MODEL) or pass --config keel.toml.",
         config.server.data_dir
     );

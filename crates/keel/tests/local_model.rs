@@ -297,7 +297,7 @@ async fn zero_config_first_run_answers_offline() {
         cmd.args(args)
             .current_dir(work.path())
             .env("HOME", home.path())
-            .env("KEEL_LOG", "warn")
+            .env_remove("KEEL_LOG")
             .env("KEEL_PROVIDERS__DEFAULT__THREADS", "1")
             .env("KEEL_PROVIDERS__DEFAULT__MAX_OUTPUT_TOKENS", "32")
             .env_remove("KEEL_CONFIG")
@@ -306,17 +306,13 @@ async fn zero_config_first_run_answers_offline() {
             .stdin(Stdio::null());
         cmd
     };
+    // As a new user sees it: on a pseudo-terminal, with no KEEL_LOG.
     let output = keel(&["run", "What is a furnace?"]).output().await.unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    assert!(
-        stderr.contains("no keel.toml — defaults: local model `smollm2-135m`")
-            && stderr.contains("OPENAI_BASE_URL"),
-        "{stderr}"
     );
     // The 135M model picks tools close to randomly: the run may end on an
     // answer, a loop block or a budget, but it always completes with one.
@@ -325,6 +321,33 @@ async fn zero_config_first_run_answers_offline() {
         stdout.contains("  … "),
         "the answer was not streamed: {stdout}"
     );
+    let screen = on_a_terminal(
+        work.path(),
+        home.path(),
+        &[env!("CARGO_BIN_EXE_keel"), "run", "What is a furnace?"],
+    );
+    assert!(!screen.contains('\u{1b}'), "colour codes: {screen:?}");
+    for level in [" INFO ", " WARN ", " ERROR ", " DEBUG "] {
+        assert!(!screen.contains(level), "a log line on screen:\n{screen}");
+    }
+    let notices: Vec<&str> = screen.lines().filter(|l| l.starts_with("keel: ")).collect();
+    assert!(
+        notices.len() <= 1
+            && notices
+                .iter()
+                .all(|l| l.contains("setup-embedder.sh") && l.len() < 120),
+        "at most one short line about the embedder:\n{screen}"
+    );
+    assert!(screen.contains("▶ run started"), "{screen}");
+    // The log went to the data dir instead, with the defaults in use.
+    let log = std::fs::read_to_string(work.path().join("data/keel.log")).unwrap();
+    assert!(
+        log.contains("no keel.toml — defaults: local model `smollm2-135m`")
+            && log.contains("OPENAI_BASE_URL")
+            && log.contains("applied sqlite migration"),
+        "{log}"
+    );
+    assert!(!log.contains('\u{1b}'), "colour codes in the log file");
     assert!(Path::new(&work.path().join("data/keel.db")).exists());
 
     let output = keel(&["model", "pull", "smollm2-135m"])
@@ -369,4 +392,30 @@ async fn the_q8_0_weight_copy_follows_the_config() {
             .collect();
         assert_eq!(written.len(), copies, "{setting:?}: {written:?}");
     }
+}
+
+/// What `argv` prints on a pseudo-terminal (util-linux `script`), as a
+/// person running it would see it: stdout and stderr together.
+fn on_a_terminal(dir: &Path, home: &Path, argv: &[&str]) -> String {
+    let line = argv
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .current_dir(dir)
+        .env("HOME", home)
+        .env("TERM", "xterm-256color")
+        .env_remove("KEEL_LOG")
+        .env_remove("KEEL_CONFIG")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("KEEL_MODEL")
+        .env("KEEL_PROVIDERS__DEFAULT__THREADS", "1")
+        .env("KEEL_PROVIDERS__DEFAULT__MAX_OUTPUT_TOKENS", "32")
+        .stdin(Stdio::null())
+        .output()
+        .expect("util-linux `script` runs the command on a pseudo-terminal");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n")
 }

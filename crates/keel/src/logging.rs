@@ -1,0 +1,167 @@
+//! Where log lines go.
+//!
+//! `keel serve` is a service: its log is its output, on stderr. The other
+//! commands are for a person at a terminal, whose screen belongs to the
+//! run's timeline: their log goes to `<data_dir>/keel.log`, and only lines
+//! meant for that person (target [`NOTICE`]) reach the terminal, one short
+//! line each. `--verbose` or `KEEL_LOG` sends the whole log to stderr
+//! instead. Colour codes are written only to a terminal.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, IsTerminal, Write};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tracing::Level;
+use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, fmt};
+
+/// Target of the lines a person at the terminal should see even when the
+/// log goes to a file: `tracing::warn!(target: NOTICE, "...")`.
+pub const NOTICE: &str = "keel::notice";
+
+/// Lines kept in memory until the log file is known; past this, the oldest
+/// part of the log is what survives (start-up is all that is ever held).
+const MAX_PENDING: usize = 1 << 20;
+
+/// Where the whole log goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    /// Everything on stderr (`keel serve`, `--verbose`, `KEEL_LOG`).
+    Stderr,
+    /// A file named later, with [`to_file`], once the data dir is known.
+    File,
+}
+
+/// Installs the subscriber. With [`Destination::File`], lines are held in
+/// memory until [`to_file`] names the file.
+pub fn init(destination: Destination) {
+    let filter = EnvFilter::try_from_env("KEEL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    match destination {
+        Destination::Stderr => {
+            *SINK.lock() = State::Stderr;
+            let layer = fmt::layer()
+                .with_writer(io::stderr)
+                .with_ansi(io::stderr().is_terminal())
+                .with_filter(filter);
+            let _ = tracing_subscriber::registry().with(layer).try_init();
+        }
+        Destination::File => {
+            let file = fmt::layer()
+                .with_writer(SINK.clone())
+                .with_ansi(false)
+                .with_filter(filter);
+            let notices = fmt::layer()
+                .with_writer(io::stderr)
+                .event_format(NoticeFormat)
+                .with_filter(Targets::new().with_target(NOTICE, Level::INFO));
+            let _ = tracing_subscriber::registry()
+                .with(file)
+                .with(notices)
+                .try_init();
+        }
+    }
+}
+
+/// Sends the log (and whatever was held until now) to `path`, appending.
+/// When the file cannot be opened, the log goes to stderr and the reason
+/// is its first line. Does nothing when the log already goes somewhere.
+pub fn to_file(path: &Path) {
+    if !matches!(*SINK.lock(), State::Pending(_)) {
+        return;
+    }
+    let opened = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| OpenOptions::new().create(true).append(true).open(path));
+    let mut state = SINK.lock();
+    let held = match std::mem::replace(&mut *state, State::Stderr) {
+        State::Pending(held) => held,
+        _ => Vec::new(),
+    };
+    match opened {
+        Ok(mut file) => {
+            let _ = file.write_all(&held);
+            *state = State::File(file);
+        }
+        Err(e) => {
+            let mut err = io::stderr().lock();
+            let _ = writeln!(err, "keel: cannot write the log to {}: {e}", path.display());
+            let _ = err.write_all(&held);
+        }
+    }
+}
+
+/// One line per notice: `keel: <message>`.
+struct NoticeFormat;
+
+impl<S, N> fmt::FormatEvent<S, N> for NoticeFormat
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &fmt::FmtContext<'_, S, N>,
+        mut writer: fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        write!(writer, "keel: ")?;
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
+enum State {
+    Pending(Vec<u8>),
+    File(File),
+    Stderr,
+}
+
+/// The log's destination, shared by every writer the subscriber makes.
+#[derive(Clone)]
+struct Sink(Arc<Mutex<State>>);
+
+impl Sink {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while a line was written leaves a usable state behind.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+static SINK: std::sync::LazyLock<Sink> =
+    std::sync::LazyLock::new(|| Sink(Arc::new(Mutex::new(State::Pending(Vec::new())))));
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &mut *self.lock() {
+            State::Pending(held) => {
+                if held.len() + buf.len() <= MAX_PENDING {
+                    held.extend_from_slice(buf);
+                }
+                Ok(buf.len())
+            }
+            State::File(file) => file.write(buf),
+            State::Stderr => io::stderr().write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match &mut *self.lock() {
+            State::File(file) => file.flush(),
+            State::Stderr => io::stderr().flush(),
+            State::Pending(_) => Ok(()),
+        }
+    }
+}
+
+impl<'a> MakeWriter<'a> for Sink {
+    type Writer = Sink;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
