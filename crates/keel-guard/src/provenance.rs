@@ -20,9 +20,11 @@
 //! - Identifier arguments count at any length: an argument named `id`,
 //!   `user`, `username`, `recipient` or `recipients`, or ending in `_id`,
 //!   `_ids`, `Id` or `_user`, names which object or person a call acts on,
-//!   so `"13"`, `6` and `"Fred"` count there. Such short values are
-//!   matched as whole tokens: `13` is found in `file 13` and `id: 13`, not
-//!   in `313` or `13th`.
+//!   so `"13"`, `6` and `"Fred"` count there. Such short values are found
+//!   in untrusted text wherever they stand between non-alphanumerics
+//!   (`id: 13`, `{"id":13}`, not `313` or `13th`), and a trusted text
+//!   vouches for them only as a word of its own (`delete file 13`, not
+//!   `2024-05-13`): both ways the doubt goes to caution.
 //! - A value is untrusted-derived when it occurs in an untrusted source and
 //!   in no trusted one. A long string (32 characters or more) is also
 //!   untrusted-derived when a 24-character run of it occurs in an untrusted
@@ -113,14 +115,23 @@ impl<'a> Corpus<'a> {
         if let Value::Object(map) = args {
             for (name, value) in map {
                 if only.is_empty() || only.contains(name) {
-                    self.trace_value(name, value, identifier_argument(name), &mut out);
+                    let identifier = identifier_argument(name).then_some(name.as_str());
+                    self.trace_value(name, value, identifier, &mut out);
                 }
             }
         }
         out
     }
 
-    fn trace_value(&self, path: &str, value: &Value, identifier: bool, out: &mut Vec<Tainted>) {
+    /// `identifier` is the name of the identifier argument `value` belongs
+    /// to, if it is one.
+    fn trace_value(
+        &self,
+        path: &str,
+        value: &Value,
+        identifier: Option<&str>,
+        out: &mut Vec<Tainted>,
+    ) {
         match value {
             Value::Array(items) => {
                 for (i, v) in items.iter().enumerate() {
@@ -129,7 +140,7 @@ impl<'a> Corpus<'a> {
             }
             Value::Object(map) => {
                 for (k, v) in map {
-                    let identifier = identifier || identifier_argument(k);
+                    let identifier = identifier.or(identifier_argument(k).then_some(k.as_str()));
                     self.trace_value(&format!("{path}.{k}"), v, identifier, out);
                 }
             }
@@ -139,8 +150,8 @@ impl<'a> Corpus<'a> {
                 };
                 let from = if significant_number(x) {
                     self.untrusted_only(|_, nums| nums.contains(&x))
-                } else if identifier {
-                    self.untrusted_only(|text, _| has_token(text, &n.to_string()))
+                } else if let Some(name) = identifier {
+                    self.short_identifier(&n.to_string(), name)
                 } else {
                     None
                 };
@@ -163,20 +174,20 @@ impl<'a> Corpus<'a> {
         }
     }
 
-    fn trace_string(&self, s: &str, identifier: bool) -> Option<Origin> {
+    fn trace_string(&self, s: &str, identifier: Option<&str>) -> Option<Origin> {
         let value = normalize(s);
         if let Some(x) = parse_number(s) {
             if significant_number(x) {
                 return self.untrusted_only(|_, nums| nums.contains(&x));
             }
-            if identifier {
-                return self.untrusted_only(|text, _| has_token(text, &value));
+            if let Some(name) = identifier {
+                return self.short_identifier(&value, name);
             }
             return None;
         }
         if !significant_string(&value) {
-            if identifier && !value.is_empty() {
-                return self.untrusted_only(|text, _| has_token(text, &value));
+            if let Some(name) = identifier.filter(|_| !value.is_empty()) {
+                return self.short_identifier(&value, name);
             }
             return None;
         }
@@ -205,6 +216,34 @@ impl<'a> Corpus<'a> {
             }
         }
         None
+    }
+
+    /// Where a short identifier (`13`, `Fred`) of the argument `name` came
+    /// from. Matching leans to caution both ways: untrusted text holds it
+    /// wherever it stands between non-alphanumerics (`id_: '13'`,
+    /// `{"id":13}`), while trusted text vouches for it only as a word of
+    /// its own (`invite Fred`), and a number only where it is written as
+    /// an identifier: quoted, after `#`, or after `id`, `no`, `number` or a
+    /// word of the argument's name (`file 13` for `file_id`). `1 hour`,
+    /// `13:00` and `2024-05-13` vouch for nothing.
+    fn short_identifier(&self, value: &str, name: &str) -> Option<Origin> {
+        let numeric = value.chars().all(|c| c.is_ascii_digit());
+        let mut untrusted = None;
+        for (origin, trusted, text, _) in &self.texts {
+            if *trusted {
+                let vouched = if numeric {
+                    has_numeric_id(text, value, name)
+                } else {
+                    has_word(text, value)
+                };
+                if vouched {
+                    return None;
+                }
+            } else if untrusted.is_none() && has_token(text, value) {
+                untrusted = Some(origin.clone());
+            }
+        }
+        untrusted
     }
 
     /// The first untrusted source where `found` holds, unless a trusted
@@ -249,13 +288,57 @@ fn has_token(text: &str, token: &str) -> bool {
     })
 }
 
+/// Whether `word` is one of the white-space separated words of `text`,
+/// once quotes, brackets and sentence punctuation around it are taken off.
+fn has_word(text: &str, word: &str) -> bool {
+    text.split_whitespace().any(|w| trim_punctuation(w) == word)
+}
+
+/// Whether `text` writes the number `value` as an identifier of the
+/// argument `name`: `'13'`, `#13`, `id 13`, `no. 13`, `file 13` (for
+/// `file_id`).
+fn has_numeric_id(text: &str, value: &str, name: &str) -> bool {
+    let name = name.to_lowercase();
+    let stems: Vec<&str> = name
+        .split(|c: char| c == '_' || c == '-')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words.iter().enumerate().any(|(i, raw)| {
+        if trim_punctuation(raw) != value {
+            return false;
+        }
+        if raw.starts_with(['\'', '"', '#']) {
+            return true;
+        }
+        let Some(before) = i.checked_sub(1).map(|j| trim_punctuation(words[j])) else {
+            return false;
+        };
+        let before = before.trim_end_matches('s');
+        matches!(before, "id" | "no" | "number" | "#") || stems.contains(&before)
+    })
+}
+
 /// A word with the punctuation around it (quotes, brackets, a full stop)
 /// taken off.
 fn trim_punctuation(word: &str) -> &str {
     word.trim_matches(|c: char| {
         matches!(
             c,
-            '.' | ',' | ';' | ':' | '!' | '?' | '(' | ')' | '[' | ']' | '<' | '>' | '"' | '\''
+            '.' | ','
+                | ';'
+                | ':'
+                | '!'
+                | '?'
+                | '('
+                | ')'
+                | '['
+                | ']'
+                | '<'
+                | '>'
+                | '"'
+                | '\''
+                | '#'
         )
     })
 }

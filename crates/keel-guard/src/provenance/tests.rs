@@ -194,3 +194,41 @@ fn identifiers_inside_a_sentence_are_traced_word_by_word() {
     let words = [user("Answer Bob."), tool("you can call and/or write")];
     assert!(tainted(&words, json!({"body": "I will call and/or write back"})).is_empty());
 }
+
+#[test]
+fn a_short_identifier_is_vouched_for_only_as_a_word_of_the_users_own() {
+    let listing = r#"[{"id":13,"name":"budget.xlsx"},{"id":4,"name":"notes.txt"}]"#;
+    // Compact JSON still counts as untrusted holding `13`.
+    let date = [
+        user("What is on my calendar for 2024-05-13?"),
+        tool(listing),
+    ];
+    assert_eq!(tainted(&date, json!({"file_id": "13"})), ["file_id"]);
+    let time = [user("Move it to 13:00, please."), tool(listing)];
+    assert_eq!(tainted(&time, json!({"file_id": 13})), ["file_id"]);
+    let said = [user("Delete file '13'."), tool(listing)];
+    assert!(tainted(&said, json!({"file_id": 13})).is_empty());
+}
+
+#[test]
+fn a_number_the_user_wrote_as_a_quantity_vouches_for_no_identifier() {
+    let listing = "- id_: '1'\n  size: 9000\n- id_: '34'\n  size: 12";
+    for (said, vouched) in [
+        ("Create a 1 hour event for the review.", false),
+        ("Remind me at 1 pm.", false),
+        ("Delete file 1, please.", true),
+        ("Delete the file with ID '1'.", true),
+        ("Remove #1 from the drive.", true),
+        ("Delete files 1 and 2.", true),
+    ] {
+        let sources = [user(said), tool(listing)];
+        assert_eq!(
+            tainted(&sources, json!({"file_id": "1"})).is_empty(),
+            vouched,
+            "{said}"
+        );
+    }
+    // An e-mail id after "email", "id" or quoted.
+    let sources = [user("Please delete email 34."), tool(listing)];
+    assert!(tainted(&sources, json!({"email_id": "34"})).is_empty());
+}
