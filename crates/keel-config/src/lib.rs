@@ -8,6 +8,7 @@ mod load;
 pub mod model;
 mod overrides;
 pub mod problem;
+pub mod reference;
 mod report;
 mod schema;
 mod semantic;

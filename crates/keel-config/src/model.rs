@@ -3,16 +3,21 @@
 use std::collections::BTreeMap;
 
 use keel_protocol::Risk;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The whole of `keel.toml`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
     pub server: ServerConfig,
+    /// The model endpoints agents use.
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
+    /// The agents a run can be started with; `default`, or else the first,
+    /// serves runs that name none.
     #[serde(default)]
     pub agents: Vec<AgentConfig>,
     #[serde(default)]
@@ -30,12 +35,17 @@ pub struct Config {
     pub memory: MemoryConfig,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The HTTP server and where runs are stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
+    /// Address the API listens on, `host:port`. Without `[[auth.keys]]`
+    /// only a loopback address is accepted.
     pub bind: String,
+    /// Directory for the SQLite database and downloaded models.
     pub data_dir: String,
     /// `sqlite://PATH` (default: `keel.db` under `data_dir`) or `postgres://…`.
+    #[schemars(example = &"sqlite://./data/keel.db")]
     pub database_url: Option<String>,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
@@ -60,34 +70,56 @@ impl Default for ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The API a provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderKind {
+    /// Any OpenAI Chat Completions-compatible endpoint.
     Openai,
+    /// Anthropic's Messages API.
     Anthropic,
+    /// A GGUF model run in-process by llama.cpp.
     Local,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How tools are offered to the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolMode {
+    /// The provider's own tool calling.
     #[default]
     Native,
+    /// Tools described in the prompt and each action read back as a JSON
+    /// object, for models without native tool calling.
     Json,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One model endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
+    /// Name agents refer to in their `provider`.
+    #[schemars(example = &"main")]
     pub name: String,
+    #[schemars(example = ProviderKind::Openai)]
     pub kind: ProviderKind,
+    /// Base URL of the API (default: `https://api.openai.com/v1` for
+    /// `openai`, `https://api.anthropic.com` for `anthropic`).
     #[serde(default)]
+    #[schemars(example = &"http://127.0.0.1:9000/v1")]
     pub base_url: Option<String>,
     /// Name of the environment variable holding the API key.
     #[serde(default)]
+    #[schemars(example = &"OPENAI_API_KEY")]
     pub api_key_env: Option<String>,
+    /// The model name sent to the API.
+    #[schemars(example = &"qwen-plus")]
     pub model: String,
+    /// The model's context window in tokens, which compaction measures
+    /// prompts against (default: `default_context_window` of the agent's
+    /// `[agents.compaction]`; for `local`, the model's trained context).
     #[serde(default)]
+    #[schemars(example = 32768)]
     pub context_window: Option<u64>,
     #[serde(default)]
     pub tool_mode: ToolMode,
@@ -132,17 +164,21 @@ fn default_backoff_ms() -> u64 {
     500
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How a run starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Routing {
+    /// One loop in which the model answers or calls tools.
     #[default]
     SingleLoop,
+    /// A first model call decides between chat and tool use; chat is
+    /// answered without tools.
     PreRoute,
 }
 
 /// What a run does when it would ask the user once more than
 /// `max_clarify_rounds` allows (SPEC §4.3).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnClarifyExhausted {
     /// Answer directly, saying what is missing.
@@ -152,15 +188,24 @@ pub enum OnClarifyExhausted {
     Handoff,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One agent: a model, a prompt, the tools it may use and its budgets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
+    /// The name a run asks for (`agent` of `POST /ai/runs`).
+    #[schemars(example = &"default")]
     pub id: String,
+    /// The `name` of the provider whose model this agent runs.
+    #[schemars(example = &"main")]
     pub provider: String,
+    /// Instructions put before every conversation; keel adds its own note
+    /// that tool output is data, not instructions.
     #[serde(default)]
+    #[schemars(example = &"You are the plant operations assistant.")]
     pub system_prompt: String,
     /// Tool name patterns this agent may use; `*` matches any run of characters.
     #[serde(default)]
+    #[schemars(example = ["plant.*", "furnace_status"])]
     pub tools: Vec<String>,
     #[serde(default)]
     pub routing: Routing,
@@ -180,12 +225,19 @@ pub struct AgentConfig {
     pub success_criterion: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A run's budgets. When one is exhausted, no more tools run: the model
+/// answers once more, without tools, from what is known so far.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
+    /// Model calls per run; at least 1.
     pub max_steps: u32,
+    /// Tool calls per run; a call beyond it is not run.
     pub max_tool_calls: u32,
+    /// Seconds a run may take from its start.
     pub max_wall_time_s: u64,
+    /// Times a run may ask the user for missing arguments; then
+    /// `on_clarify_exhausted` applies.
     pub max_clarify_rounds: u32,
     /// Prompt plus completion tokens over the whole run; 0 = unlimited.
     pub max_tokens: u64,
@@ -216,29 +268,41 @@ impl Default for Limits {
 /// level off. Streak thresholds count the proposed call: `repeat_warning = 3`
 /// warns on the third identical call with an unchanged result. Breakers
 /// count calls already run: `max_tool_calls_breaker = 30` blocks the 31st.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The first block gives the model one turn to recover; a second, or any
+/// breaker, ends the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoopDetection {
+    /// `false` turns every detector off.
     pub enabled: bool,
-    /// The same call (tool and arguments) with the same result.
+    /// The same call (tool and arguments) with the same result: the model
+    /// is warned at this many.
     pub repeat_warning: u32,
+    /// The same call with the same result: blocked at this many.
     pub repeat_critical: u32,
     /// Calls that may run in one run before the breaker ends it.
     pub max_tool_calls_breaker: u32,
-    /// A `poll` tool returning the same status again.
+    /// A `poll` tool returning the same status again: warned at this many.
     pub poll_warning: u32,
+    /// A `poll` tool returning the same status again: blocked at this many.
     pub poll_critical: u32,
-    /// Length of a tail alternating between two calls (`A,B,A,B` is 4).
+    /// Length of a tail alternating between two calls (`A,B,A,B` is 4)
+    /// at which the model is warned.
     pub ping_pong_warning: u32,
+    /// Length of an alternating tail at which the call is blocked.
     pub ping_pong_critical: u32,
     /// Times one tool may return the same result in a run, whatever the
     /// arguments, before the breaker ends it.
     pub identical_outcomes_breaker: u32,
-    /// Calls in a row to tools that do not exist.
+    /// Calls in a row to tools that do not exist: warned at this many.
     pub unknown_tool_warning: u32,
+    /// Calls in a row to tools that do not exist: blocked at this many.
     pub unknown_tool_critical: u32,
-    /// Calls in a row of one tool failing with the same error.
+    /// Calls in a row of one tool failing with the same error: warned at
+    /// this many.
     pub error_streak_warning: u32,
+    /// Calls in a row of one tool failing with the same error: blocked at
+    /// this many.
     pub error_streak_critical: u32,
 }
 
@@ -264,9 +328,10 @@ impl Default for LoopDetection {
 
 /// Staying on course (SPEC §4.12). Intervals count model steps; 0 turns
 /// that correction off, and `enabled = false` turns all of them off.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Drift {
+    /// `false` turns reflection, checkpoints and drift scoring off.
     pub enabled: bool,
     /// A reflection call every this many steps (also on drift).
     pub reflection_interval: u32,
@@ -286,6 +351,7 @@ pub struct Drift {
     pub max_context_resets: u32,
     /// A score below this (deep drift) restores the last checkpoint, when on.
     pub restore_on_deep_drift: bool,
+    /// The score below which drift is deep; at most `threshold`.
     pub deep_drift_threshold: f64,
 }
 
@@ -309,9 +375,10 @@ impl Default for Drift {
 
 /// Compaction (SPEC §4.13): older turns are summarized once the prompt
 /// nears the model's context window.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Compaction {
+    /// `false`: older turns are never summarized.
     pub enabled: bool,
     /// Share of the context window at which older turns are summarized.
     pub threshold: f64,
@@ -332,18 +399,27 @@ impl Default for Compaction {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The tools agents can be given: MCP servers, HTTP endpoints, the
+/// built-in tools, and settings over what each tool says of itself.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolsConfig {
+    /// MCP servers, whose tools appear as `<name>.<tool>`.
     #[serde(default)]
     pub mcp: Vec<McpServerConfig>,
+    /// HTTP endpoints, each one tool.
     #[serde(default)]
     pub http: Vec<HttpToolConfig>,
     /// Per-tool settings by full tool name (e.g. `plant.restart_furnace`) or
     /// by glob (`plant.*`). Every matching key applies, least specific
-    /// first (see [`ToolsConfig::overrides_for`]), so a field set by a
-    /// general glob holds unless a more specific key sets it too.
+    /// first (an exact name beats a glob, a longer literal part a shorter
+    /// one; docs/tools.md), so a field set by a general glob holds unless a
+    /// more specific key sets it too.
     #[serde(default)]
+    #[schemars(extend("x-key" = "tool or glob"))]
+    #[schemars(example = serde_json::json!({
+        "plant.restart_furnace": {"risk": "dangerous", "requires_approval": true, "roles": ["operator"]}
+    }))]
     pub overrides: BTreeMap<String, ToolOverride>,
     /// The built-in `web_fetch` tool.
     #[serde(default)]
@@ -353,19 +429,26 @@ pub struct ToolsConfig {
     pub exec: ExecConfig,
 }
 
-/// `[tools.exec]`: off unless enabled; argv only, an allowlist, a Landlock
-/// sandbox, and approval unless `requires_approval = false`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Off unless enabled; argv only, an allowlist, a Landlock sandbox, and
+/// approval unless `requires_approval = false` (see docs/tools.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ExecConfig {
+    /// Offers the `exec` tool.
     pub enabled: bool,
+    /// The programs `exec` may run; nothing else runs.
     pub programs: Vec<ExecProgram>,
     /// Readable (and runnable) beyond what the system needs.
+    #[schemars(example = ["/srv/plant/data"])]
     pub read_paths: Vec<String>,
     /// The only places the program may write.
+    #[schemars(example = ["/srv/plant/reports"])]
     pub write_paths: Vec<String>,
+    /// Seconds before the program is killed.
     pub timeout_s: u64,
+    /// Output kept from the program; the rest is cut.
     pub max_output_bytes: usize,
+    /// Every `exec` call waits for a person's approval.
     pub requires_approval: bool,
 }
 
@@ -384,29 +467,36 @@ impl Default for ExecConfig {
 }
 
 /// One allowlisted program of `[tools.exec]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecProgram {
     /// Absolute path of the program.
+    #[schemars(example = &"/usr/bin/touch")]
     pub path: String,
     /// Regular expressions; every argument must match one (none = no arguments).
     #[serde(default)]
+    #[schemars(example = ["^/srv/plant/reports/[A-Za-z0-9_.-]+$"])]
     pub args: Vec<String>,
 }
 
-/// `[tools.web_fetch]`: off unless enabled; guarded against server-side
-/// request forgery (see docs/tools.md).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Off unless enabled; guarded against server-side request forgery (see
+/// docs/tools.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct WebFetchConfig {
+    /// Offers the `web_fetch` tool.
     pub enabled: bool,
     /// Hosts that may resolve to private or loopback addresses
     /// (`docs.internal`, `*.plant.example`, `127.0.0.1`).
+    #[schemars(example = ["docs.internal", "*.plant.example"])]
     pub allow_hosts: Vec<String>,
     /// Allow private and loopback addresses for every host.
     pub allow_private: bool,
+    /// Largest page read; a larger one is cut, with a note.
     pub max_bytes: usize,
+    /// Seconds one fetch may take.
     pub timeout_s: u64,
+    /// Redirects followed, each checked like the first request.
     pub max_redirects: u8,
 }
 
@@ -465,22 +555,31 @@ impl OverrideSpecificity {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One MCP server: a program keel starts and talks to over stdio
+/// (`command`), or a streamable HTTP endpoint (`url`); exactly one of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
     /// Prefix of the server's tools: `<name>.<tool>`.
+    #[schemars(example = &"plant")]
     pub name: String,
+    /// Program of a stdio server, found on `PATH`; it runs in keel's
+    /// working directory.
     #[serde(default)]
+    #[schemars(example = &"python3")]
     pub command: Option<String>,
+    /// Arguments of `command`.
     #[serde(default)]
+    #[schemars(example = ["plant_server.py"])]
     pub args: Vec<String>,
     /// Extra environment for the server process. Values may reference
     /// variables as `${VAR}`; keel's own environment is not inherited.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// URL of a streamable HTTP server (`http://` or `https://`).
     #[serde(default)]
     pub url: Option<String>,
-    /// Timeout of one tool call, in seconds.
+    /// Timeout of one tool call, and of the server's start, in seconds.
     #[serde(default = "d_tool_timeout")]
     pub timeout_s: u64,
     /// Risk of every tool of this server, over what its annotations say;
@@ -497,35 +596,60 @@ pub struct McpServerConfig {
     pub output_trust: Option<keel_protocol::Trust>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One HTTP endpoint as a tool. Arguments named in the URL template go
+/// into the URL; the others go into the query string (`GET`, `DELETE`) or
+/// a JSON body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HttpToolConfig {
+    /// The tool's name, without `.` (reserved for MCP server prefixes).
+    #[schemars(example = &"furnace_status")]
     pub name: String,
+    /// What the tool does, as the model is told.
+    #[schemars(example = &"Current status of one furnace")]
     pub description: String,
+    /// `GET`, `POST`, `PUT`, `PATCH` or `DELETE`.
     #[serde(default = "d_method")]
     pub method: String,
     /// URL template; `{param}` is replaced by the URL-encoded argument.
+    #[schemars(example = &"http://127.0.0.1:9100/furnaces/{furnace_id}")]
     pub url: String,
+    /// JSON Schema of the arguments, `type = "object"`; every `{param}` of
+    /// `url` must be one of its properties.
     #[serde(default = "empty_object_schema")]
+    #[schemars(example = serde_json::json!({
+        "type": "object",
+        "properties": {"furnace_id": {"type": "string", "description": "Furnace id, e.g. F2"}},
+        "required": ["furnace_id"]
+    }))]
     pub parameters: Value,
     /// Header values may reference environment variables as `${VAR}`.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// JSON Schema every successful result is checked against.
     #[serde(default)]
     pub output_schema: Option<Value>,
+    /// The tool's risk (default `read`).
     #[serde(default)]
+    #[schemars(example = Risk::Read)]
     pub risk: Option<Risk>,
+    /// Every call waits for a person's approval (default false).
     #[serde(default)]
     pub requires_approval: Option<bool>,
     /// Whether the tool's output is trusted (default untrusted).
     #[serde(default)]
     pub output_trust: Option<keel_protocol::Trust>,
+    /// Calling it twice has no further effect (default false).
     #[serde(default)]
+    #[schemars(example = true)]
     pub idempotent: Option<bool>,
+    /// Timeout of one call, in seconds (default 30).
     #[serde(default)]
     pub timeout_s: Option<u64>,
+    /// Only principals with one of these roles may call it (default: anyone).
     #[serde(default)]
     pub roles: Option<Vec<String>>,
+    /// The tool polls a status (default false).
     #[serde(default)]
     pub poll: Option<bool>,
 }
@@ -540,37 +664,55 @@ fn empty_object_schema() -> Value {
     serde_json::json!({"type": "object", "properties": {}})
 }
 
-/// Settings applied over what a tool declares for itself.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Settings applied over what a tool declares for itself; a field left
+/// unset keeps the tool's own value.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolOverride {
+    /// The tool's risk; at or above `[policy] approval_risk` it needs
+    /// approval.
     #[serde(default)]
     pub risk: Option<Risk>,
+    /// Every call waits for a person's approval.
     #[serde(default)]
     pub requires_approval: Option<bool>,
     /// Whether the tool's output is trusted (default untrusted).
     #[serde(default)]
     pub output_trust: Option<keel_protocol::Trust>,
+    /// Calling it twice has no further effect, so a call interrupted by a
+    /// stopped node may run again, and a call made after a restored
+    /// checkpoint may repeat one made before it.
     #[serde(default)]
     pub idempotent: Option<bool>,
+    /// Timeout of one call, in seconds.
     #[serde(default)]
     pub timeout_s: Option<u64>,
+    /// Only principals with one of these roles may call it (see `[policy]
+    /// see_but_ask`).
     #[serde(default)]
     pub roles: Option<Vec<String>>,
+    /// The tool polls a status: loop detection uses the `poll_*`
+    /// thresholds for it.
     #[serde(default)]
     pub poll: Option<bool>,
+    /// Result fields (timestamps, request ids) ignored when loop detection
+    /// compares results.
     #[serde(default)]
     pub volatile_fields: Option<Vec<String>>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Checks on every tool result before the model sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct VerifyConfig {
+    /// A result with this field holding another tenant than the caller's,
+    /// at any depth, is withheld from the model.
     pub tenant_field: String,
     /// Mark null and empty results so the model says "no data" instead of
     /// inventing some.
     pub non_empty: bool,
     /// Tool pattern → fields every result row must have.
+    #[schemars(example = serde_json::json!({"furnace_status": ["furnace_id"]}))]
     pub required_fields: BTreeMap<String, Vec<String>>,
 }
 
@@ -585,39 +727,49 @@ impl Default for VerifyConfig {
 }
 
 /// What the policy gate decides when no configured rule matches.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DefaultDecision {
+    /// Calls no rule matches run (subject to roles, risk and approval).
     #[default]
     Execute,
+    /// Calls no rule matches are denied: the rules are an allowlist.
     Deny,
 }
 
 /// The outcome a configured policy rule asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RuleDecision {
+    /// Run the call, unless something stricter applies.
     Execute,
     /// Ask the user to confirm (useful with `min_confidence`).
     Clarify,
+    /// Wait for a person's approval.
     Approve,
+    /// Refuse the call; the model is told `reason`.
     Deny,
 }
 
 /// What a call whose arguments come from untrusted data only gets
 /// (SPEC §4.6, provenance).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum UntrustedArguments {
+    /// No check.
     Allow,
+    /// Wait for a person's approval.
     #[default]
     Approve,
+    /// Refuse; the model is told the value must come from the user.
     Deny,
 }
 
 /// The policy gate (SPEC §4.6): code, not the prompt, decides whether a
 /// call runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
     /// Applies only when no configured rule matches, so `deny` turns the
@@ -635,7 +787,10 @@ pub struct PolicyConfig {
     /// pages) and from no trusted source: allowed, sent for approval, or
     /// denied with a fallback the model can follow.
     pub untrusted_arguments: UntrustedArguments,
+    /// The lowest risk whose calls `untrusted_arguments` checks.
     pub untrusted_arguments_min_risk: Risk,
+    /// Rules; every rule that matches a call gives a verdict and the
+    /// strictest wins.
     pub rules: Vec<PolicyRule>,
 }
 
@@ -655,16 +810,20 @@ impl Default for PolicyConfig {
 
 /// One `[[policy.rules]]` entry. Every condition given must hold for the
 /// rule to match; an empty list means "any".
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyRule {
+    /// Unique; `policy_decision` events name the rule that decided.
+    #[schemars(example = &"protect_f9")]
     pub name: String,
     /// Tool name patterns (`*` matches any run of characters).
     #[serde(default)]
+    #[schemars(example = ["plant.restart_*"])]
     pub tools: Vec<String>,
     /// Matches when the principal has any of these roles.
     #[serde(default)]
     pub roles: Vec<String>,
+    /// Matches when the principal's tenant is one of these.
     #[serde(default)]
     pub tenants: Vec<String>,
     /// Matches tools at or above this risk.
@@ -672,6 +831,8 @@ pub struct PolicyRule {
     pub min_risk: Option<Risk>,
     /// Argument name → condition on its value; a missing argument does not match.
     #[serde(default)]
+    #[schemars(extend("x-key" = "argument"))]
+    #[schemars(example = serde_json::json!({"furnace_id": {"pattern": "^F9$"}}))]
     pub when_arguments: BTreeMap<String, ArgMatcher>,
     /// Matches once the tool has already run this many times in the run.
     #[serde(default)]
@@ -687,33 +848,42 @@ pub struct PolicyRule {
     /// The arguments whose provenance matters for this rule (empty = all).
     #[serde(default)]
     pub arguments: Vec<String>,
+    /// The verdict when the rule matches.
+    #[schemars(example = RuleDecision::Deny)]
     pub decision: RuleDecision,
     /// Told to the model when the call is denied.
     #[serde(default)]
+    #[schemars(example = &"furnace F9 must not be restarted")]
     pub reason: Option<String>,
 }
 
 /// Conditions on one argument's value; all that are given must hold.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ArgMatcher {
     /// Regex searched in the value (strings as written, other values as JSON text).
     #[serde(default)]
     pub pattern: Option<String>,
+    /// Regex that must not be found in the value.
     #[serde(default)]
     pub not_pattern: Option<String>,
+    /// The value equals one of these (numbers compare as numbers, `5`
+    /// equals `"5"`).
     #[serde(default)]
     pub one_of: Option<Vec<Value>>,
+    /// The value equals none of these.
     #[serde(default)]
     pub not_one_of: Option<Vec<Value>>,
-    /// Inclusive numeric bounds; a value that is not a number does not match.
+    /// Inclusive lower bound; a value that is not a number (or a string
+    /// holding one) does not match.
     #[serde(default)]
     pub min: Option<f64>,
+    /// Inclusive upper bound, like `min`.
     #[serde(default)]
     pub max: Option<f64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HookKind {
     /// Sets `argument` to the caller's tenant, whatever the model sent.
@@ -735,7 +905,7 @@ impl HookKind {
 }
 
 /// One `[[hooks]]` entry: a `before_tool_call` hook built from configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HookConfig {
     /// Defaults to `<kind>:<argument>`.
@@ -743,8 +913,13 @@ pub struct HookConfig {
     pub name: Option<String>,
     /// Tool name patterns; empty applies to every tool.
     #[serde(default)]
+    #[schemars(example = ["plant.*"])]
     pub tools: Vec<String>,
+    /// What the hook does.
+    #[schemars(example = HookKind::InjectTenant)]
     pub kind: HookKind,
+    /// The argument the hook reads or sets.
+    #[schemars(example = &"tenant_id")]
     pub argument: String,
     /// For `default`: the value filled in.
     #[serde(default)]
@@ -766,28 +941,42 @@ impl HookConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Who may call the API. With no keys keel serves one tenant, `default`,
+/// and binds only loopback addresses; with keys every request needs
+/// `Authorization: Bearer <key>`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
+    /// The API keys.
     #[serde(default)]
     pub keys: Vec<ApiKeyConfig>,
+    /// Roles allowed to decide approvals (empty: anyone of the run's tenant).
     #[serde(default)]
+    #[schemars(example = ["approver"])]
     pub approver_roles: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One API key and who it speaks for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
     /// Environment variable holding the key's value.
+    #[schemars(example = &"KEEL_KEY_ACME")]
     pub key_env: String,
+    /// The tenant whose runs the key sees; no other tenant's.
+    #[schemars(example = &"acme")]
     pub tenant: String,
+    /// Who the caller is; an approval records who decided it.
+    #[schemars(example = &"alice")]
     pub principal: String,
+    /// The caller's roles, for tool `roles`, policy rules and `approver_roles`.
     #[serde(default)]
+    #[schemars(example = ["operator", "approver"])]
     pub roles: Vec<String>,
 }
 
 /// Which embedding model memory search uses (SPEC §6).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EmbedderKind {
     /// all-MiniLM-L6-v2 run in-process: semantic search offline, no key.
@@ -800,9 +989,10 @@ pub enum EmbedderKind {
 }
 
 /// Long-term memory: chunking, embeddings and hybrid ranking (SPEC §6).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MemoryConfig {
+    /// The embedding model memory search uses.
     pub embedder: EmbedderKind,
     /// Directory with `config.json`, `tokenizer.json`, `model.safetensors`
     /// for the local embedder; default: looked up under the data dir, then
