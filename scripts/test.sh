@@ -21,4 +21,6 @@ eval "$(bash scripts/setup-mcp.sh | tail -n 1)"
 eval "$(bash scripts/setup-python-sdk.sh | tail -n 1)"
 export KEEL_MCP_NPM KEEL_PYENV
 
+# The example plant MCP server (stdlib only), then the workspace.
+python3 -m unittest examples/test_plant_server.py
 cargo nextest run --workspace --no-fail-fast "$@"
