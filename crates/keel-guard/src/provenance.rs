@@ -299,10 +299,7 @@ fn has_word(text: &str, word: &str) -> bool {
 /// `file_id`).
 fn has_numeric_id(text: &str, value: &str, name: &str) -> bool {
     let name = name.to_lowercase();
-    let stems: Vec<&str> = name
-        .split(|c: char| c == '_' || c == '-')
-        .filter(|w| !w.is_empty())
-        .collect();
+    let stems: Vec<&str> = name.split(['_', '-']).filter(|w| !w.is_empty()).collect();
     let words: Vec<&str> = text.split_whitespace().collect();
     words.iter().enumerate().any(|(i, raw)| {
         if trim_punctuation(raw) != value {
