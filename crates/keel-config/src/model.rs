@@ -33,6 +33,37 @@ pub struct Config {
     pub auth: AuthConfig,
     #[serde(default)]
     pub memory: MemoryConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+}
+
+/// OpenTelemetry traces: one `invoke_agent` span per run, `chat` per model
+/// call, `execute_tool` per tool call, guard decisions as span events,
+/// after the GenAI semantic conventions (docs/telemetry.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// OTLP/HTTP collector base URL; spans are sent (protobuf) to
+    /// `<otlp_endpoint>/v1/traces`. Unset: the standard
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` applies, and with neither nothing is
+    /// exported.
+    #[schemars(example = &"http://127.0.0.1:4318")]
+    pub otlp_endpoint: Option<String>,
+    /// Put prompts, answers, tool arguments and tool results into spans.
+    /// Off: spans carry names, ids, token counts and outcomes only.
+    pub capture_content: bool,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            capture_content: false,
+            service_name: "keel".to_owned(),
+        }
+    }
 }
 
 /// The HTTP server and where runs are stored.

@@ -91,6 +91,13 @@ pub(crate) static ROOT: &[Field] = &[
     ),
     opt("auth", Ty::Table(AUTH)),
     opt("memory", Ty::Table(MEMORY)),
+    opt("telemetry", Ty::Table(TELEMETRY)),
+];
+
+static TELEMETRY: &[Field] = &[
+    opt("otlp_endpoint", Ty::Str),
+    opt("capture_content", Ty::Bool),
+    opt("service_name", Ty::Str),
 ];
 
 static MEMORY: &[Field] = &[
@@ -844,6 +851,11 @@ mod tests {
                 mmr_lambda: 0.9,
                 time_decay_half_life_days: 30.0,
                 summary_fallback_messages: 5,
+            },
+            telemetry: TelemetryConfig {
+                otlp_endpoint: Some("http://c:4318".into()),
+                capture_content: true,
+                service_name: "s".into(),
             },
         };
         let text = toml::to_string(&config).unwrap();

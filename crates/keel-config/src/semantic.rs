@@ -28,6 +28,9 @@ pub(crate) fn check(config: &Config, env: &dyn Env, found: &mut Findings) {
     guards::check(config, found);
     check_auth(config, env, found);
     check_memory(config, env, found);
+    if let Some(url) = &config.telemetry.otlp_endpoint {
+        check_http_url(found, &root("telemetry").key("otlp_endpoint"), url);
+    }
 }
 
 fn root(section: &str) -> KeyPath {

@@ -12,6 +12,7 @@ pub mod course;
 pub mod error;
 pub mod follow;
 pub mod guards;
+pub mod otel;
 pub mod pipeline;
 mod prompt;
 pub mod runtime;

@@ -12,12 +12,16 @@ use std::io::{self, IsTerminal, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use std::sync::OnceLock;
+
+use opentelemetry_sdk::trace::SdkTracer;
 use tracing::Level;
-use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_opentelemetry::OpenTelemetryLayer;
+use tracing_subscriber::filter::{EnvFilter, Filtered, Targets};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{Layer, fmt};
+use tracing_subscriber::{Layer, Registry, fmt, reload};
 
 /// Target of the lines a person at the terminal should see even when the
 /// log goes to a file: `tracing::warn!(target: NOTICE, "...")`.
@@ -36,10 +40,48 @@ pub enum Destination {
     File,
 }
 
+/// The OpenTelemetry layer, absent until the configuration says where
+/// spans go.
+type OtelLayer = Option<OpenTelemetryLayer<Registry, SdkTracer>>;
+
+/// What [`export_spans`] swaps in: the layer, and its filter, which lets
+/// nothing through until then so that no span is even built.
+struct OtelHandles {
+    layer: reload::Handle<OtelLayer, Registry>,
+    filter: reload::Handle<Targets, Registry>,
+}
+
+static OTEL: OnceLock<OtelHandles> = OnceLock::new();
+
+/// The (empty) OpenTelemetry layer; a per-layer filter is registered with
+/// the subscriber here, so it must exist from the start (a filtered layer
+/// reloaded in later would have no filter id).
+fn otel_layer()
+-> Filtered<reload::Layer<OtelLayer, Registry>, reload::Layer<Targets, Registry>, Registry> {
+    let (layer, layer_handle) = reload::Layer::new(None);
+    let (filter, filter_handle) = reload::Layer::new(Targets::new());
+    let _ = OTEL.set(OtelHandles {
+        layer: layer_handle,
+        filter: filter_handle,
+    });
+    layer.with_filter(filter)
+}
+
+/// The log's filter: `KEEL_LOG`, else `info`. The GenAI spans are for the
+/// trace exporter, not for log lines.
+fn log_filter() -> EnvFilter {
+    let filter = EnvFilter::try_from_env("KEEL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    match format!("{}=off", keel_core::otel::TARGET).parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    }
+}
+
 /// Installs the subscriber. With [`Destination::File`], lines are held in
 /// memory until [`to_file`] names the file.
 pub fn init(destination: Destination) {
-    let filter = EnvFilter::try_from_env("KEEL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = log_filter();
+    let otel = otel_layer();
     match destination {
         Destination::Stderr => {
             *SINK.lock() = State::Stderr;
@@ -47,7 +89,10 @@ pub fn init(destination: Destination) {
                 .with_writer(io::stderr)
                 .with_ansi(io::stderr().is_terminal())
                 .with_filter(filter);
-            let _ = tracing_subscriber::registry().with(layer).try_init();
+            let _ = tracing_subscriber::registry()
+                .with(otel)
+                .with(layer)
+                .try_init();
         }
         Destination::File => {
             let file = fmt::layer()
@@ -59,11 +104,25 @@ pub fn init(destination: Destination) {
                 .event_format(NoticeFormat)
                 .with_filter(Targets::new().with_target(NOTICE, Level::INFO));
             let _ = tracing_subscriber::registry()
+                .with(otel)
                 .with(file)
                 .with(notices)
                 .try_init();
         }
     }
+}
+
+/// Sends keel-core's GenAI spans to `tracer` from now on.
+pub fn export_spans(tracer: SdkTracer) -> Result<(), String> {
+    let handles = OTEL.get().ok_or("the log is not initialised")?;
+    handles
+        .layer
+        .reload(Some(tracing_opentelemetry::layer().with_tracer(tracer)))
+        .map_err(|e| format!("installing the trace exporter: {e}"))?;
+    handles
+        .filter
+        .reload(Targets::new().with_target(keel_core::otel::TARGET, Level::INFO))
+        .map_err(|e| format!("installing the trace exporter: {e}"))
 }
 
 /// Sends the log (and whatever was held until now) to `path`, appending.

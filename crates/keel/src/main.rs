@@ -11,6 +11,7 @@ mod memory_cmd;
 mod migrate_cmd;
 #[cfg(feature = "local")]
 mod model_cmd;
+mod otel_export;
 mod run_cmd;
 mod serve;
 mod similarity;

@@ -18,6 +18,7 @@ pub async fn run(
 ) -> anyhow::Result<ExitCode> {
     let source = crate::app::resolve_source(config);
     let config = crate::app::load_config(&source)?;
+    let exporter = crate::otel_export::start(&config.telemetry)?;
     let app = crate::app::build(config).await?;
     let principal = Principal {
         tenant: "default".into(),
@@ -55,6 +56,9 @@ pub async fn run(
         }
     }
     app.tools.shutdown().await;
+    if let Some(exporter) = exporter {
+        let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
+    }
     Ok(code)
 }
 

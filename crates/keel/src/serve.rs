@@ -11,6 +11,7 @@ use keel_server::{AppState, Auth};
 pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
     let source = crate::app::resolve_source(config);
     let config = crate::app::load_config(&source)?;
+    let exporter = crate::otel_export::start(&config.telemetry)?;
     let bind: SocketAddr = config.server.bind.parse().with_context(|| {
         format!(
             "server.bind `{}` is not an address like 127.0.0.1:8780",
@@ -72,6 +73,10 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         tracing::warn!(error = %e, "could not release this node's runs; they move after the lease");
     }
     app.tools.shutdown().await;
+    if let Some(exporter) = exporter {
+        // Blocks until the queued spans are sent.
+        let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -324,23 +324,23 @@ impl RunActor {
         };
         let started = StdInstant::now();
         let timeout = spec.timeout;
+        let span = crate::otel::execute_tool(&call.name, &call.id, &self.run_id, &args_text);
+        let running = tracing::Instrument::instrument(
+            tokio::time::timeout(timeout, tool.call(args, &ctx)),
+            span.clone(),
+        );
         let outcome = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return Err(Exit::Cancelled),
-            r = tokio::time::timeout(timeout, tool.call(args, &ctx)) => match r {
+            r = running => match r {
                 Ok(r) => r,
                 Err(_) => Err(ToolError::Timeout(timeout)),
             },
         };
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let observed = self.observe(
-            call,
-            reg,
-            &fingerprint,
-            &args_text,
-            outcome.map_err(|e| e.to_string()),
-            duration_ms,
-        );
+        let outcome = outcome.map_err(|e| e.to_string());
+        crate::otel::record_tool(&span, &outcome);
+        let observed = self.observe(call, reg, &fingerprint, &args_text, outcome, duration_ms);
         self.commit(observed.events, vec![observed.message]).await
     }
 

@@ -162,7 +162,17 @@ impl RunActor {
         }
     }
 
-    pub(crate) async fn run(mut self) {
+    pub(crate) async fn run(self) {
+        let span = crate::otel::invoke_agent(
+            &self.run_id,
+            &self.principal.tenant,
+            &self.session,
+            &self.agent.config.id,
+        );
+        tracing::Instrument::instrument(self.run_in_span(), span).await;
+    }
+
+    async fn run_in_span(mut self) {
         let result = self.drive().await;
         let end = match result {
             Ok(()) => Ok(()),
@@ -435,6 +445,12 @@ impl RunActor {
             Err(e) => return Err(e.into()),
         };
         crate::telemetry::record(&self.agent.config.id, &published);
+        for e in &published {
+            crate::otel::guard_event(&e.kind);
+            if e.is_terminal() {
+                crate::otel::record_end(&tracing::Span::current(), &e.kind);
+            }
+        }
         self.shared.bus.publish(&published);
         Ok(())
     }

@@ -48,7 +48,12 @@ impl RunActor {
         );
         let (tx, mut rx) = futures::channel::mpsc::unbounded::<String>();
         let model = self.agent.model.clone();
-        let call = async move { model.complete(&request, stream.then_some(tx)).await };
+        let model_name = model.model_name().to_owned();
+        let span = crate::otel::chat(&model_name, &self.run_id);
+        let call = tracing::Instrument::instrument(
+            async move { model.complete(&request, stream.then_some(tx)).await },
+            span.clone(),
+        );
         tokio::pin!(call);
         let sleep = tokio::time::sleep_until(
             deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365)),
@@ -81,8 +86,11 @@ impl RunActor {
         let elapsed = started.elapsed();
         metrics::histogram!("keel_llm_latency_seconds").record(elapsed.as_secs_f64());
         self.usage.llm_calls += 1;
-        let mut response =
-            result.map_err(|e| Exit::Failed(ErrorBody::new("provider_error", e.to_string())))?;
+        let mut response = result.map_err(|e| {
+            crate::otel::record_error(&span, "provider_error");
+            Exit::Failed(ErrorBody::new("provider_error", e.to_string()))
+        })?;
+        crate::otel::record_chat(&span, &model_name, &response);
         self.usage.prompt_tokens += response.usage.prompt_tokens;
         self.usage.completion_tokens += response.usage.completion_tokens;
         cap_text(&mut response.text);
