@@ -228,36 +228,38 @@ impl<'a> Corpus<'a> {
     /// `13:00` and `2024-05-13` vouch for nothing.
     fn short_identifier(&self, value: &str, name: &str) -> Option<Origin> {
         let numeric = value.chars().all(|c| c.is_ascii_digit());
-        let mut untrusted = None;
-        for (origin, trusted, text, _) in &self.texts {
-            if *trusted {
-                let vouched = if numeric {
+        self.untrusted_only_by(
+            |text, _| {
+                if numeric {
                     has_numeric_id(text, value, name)
                 } else {
                     has_word(text, value)
-                };
-                if vouched {
-                    return None;
                 }
-            } else if untrusted.is_none() && has_token(text, value) {
-                untrusted = Some(origin.clone());
-            }
-        }
-        untrusted
+            },
+            |text, _| has_token(text, value),
+        )
     }
 
     /// The first untrusted source where `found` holds, unless a trusted
     /// source has it too.
     fn untrusted_only(&self, found: impl Fn(&str, &[f64]) -> bool) -> Option<Origin> {
+        self.untrusted_only_by(&found, &found)
+    }
+
+    /// Like [`Self::untrusted_only`], with a test of its own for trusted
+    /// sources (`vouched`) and for untrusted ones (`held`).
+    fn untrusted_only_by(
+        &self,
+        vouched: impl Fn(&str, &[f64]) -> bool,
+        held: impl Fn(&str, &[f64]) -> bool,
+    ) -> Option<Origin> {
         let mut untrusted = None;
         for (origin, trusted, text, nums) in &self.texts {
-            if !found(text, nums) {
-                continue;
-            }
             if *trusted {
-                return None;
-            }
-            if untrusted.is_none() {
+                if vouched(text, nums) {
+                    return None;
+                }
+            } else if untrusted.is_none() && held(text, nums) {
                 untrusted = Some(origin.clone());
             }
         }
