@@ -60,7 +60,6 @@ pub(crate) fn chat(model: &str, run_id: &str) -> Span {
         otel.status_code = Empty,
         "gen_ai.operation.name" = "chat",
         "gen_ai.request.model" = model,
-        "gen_ai.response.model" = Empty,
         "gen_ai.usage.input_tokens" = Empty,
         "gen_ai.usage.output_tokens" = Empty,
         "gen_ai.response.finish_reasons" = Empty,
@@ -71,8 +70,7 @@ pub(crate) fn chat(model: &str, run_id: &str) -> Span {
 }
 
 /// What the model answered, on its `chat` span.
-pub(crate) fn record_chat(span: &Span, model: &str, response: &ModelResponse) {
-    span.record("gen_ai.response.model", model);
+pub(crate) fn record_chat(span: &Span, response: &ModelResponse) {
     span.record(
         "gen_ai.usage.input_tokens",
         int(response.usage.prompt_tokens),

@@ -48,8 +48,7 @@ impl RunActor {
         );
         let (tx, mut rx) = futures::channel::mpsc::unbounded::<String>();
         let model = self.agent.model.clone();
-        let model_name = model.model_name().to_owned();
-        let span = crate::otel::chat(&model_name, &self.run_id);
+        let span = crate::otel::chat(model.model_name(), &self.run_id);
         let call = tracing::Instrument::instrument(
             async move { model.complete(&request, stream.then_some(tx)).await },
             span.clone(),
@@ -90,7 +89,7 @@ impl RunActor {
             crate::otel::record_error(&span, "provider_error");
             Exit::Failed(ErrorBody::new("provider_error", e.to_string()))
         })?;
-        crate::otel::record_chat(&span, &model_name, &response);
+        crate::otel::record_chat(&span, &response);
         self.usage.prompt_tokens += response.usage.prompt_tokens;
         self.usage.completion_tokens += response.usage.completion_tokens;
         cap_text(&mut response.text);
