@@ -13,7 +13,10 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::{Env, Keel, NOTHING_TRANSFERRED, assert_gap_free, bank_tools, obedient_bank_model};
+use common::{
+    Env, Keel, assert_gap_free, assert_transfer_denied_by_provenance, bank_tools,
+    obedient_bank_model, wait_until_asked,
+};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::tool_server::ToolServer;
 use serde_json::{Value, json};
@@ -574,8 +577,6 @@ async fn keel_migrate_brings_a_fresh_database_to_the_current_schema() {
 
 #[tokio::test]
 async fn another_node_taking_over_still_denies_a_tainted_call() {
-    use std::sync::atomic::Ordering;
-
     // The model reads a bill with an injected transfer and obeys it; its
     // first answer after the read is slow, and node A is killed meanwhile.
     let (script, asked) = obedient_bank_model(Some(Duration::from_secs(60)));
@@ -610,33 +611,10 @@ untrusted_arguments = "deny"
         .await;
     assert_eq!(status, 201, "{body}");
     let id = body["id"].as_str().unwrap().to_owned();
-    for _ in 0..1000 {
-        if asked.load(Ordering::SeqCst) > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        asked.load(Ordering::SeqCst),
-        1,
-        "A waits for the model's answer"
-    );
+    wait_until_asked(&asked, "A waits for the model's answer").await;
     a.kill9().await;
     // B takes the run over once A's lease expires and resumes it.
-    let run = b.wait_status(&id, "completed", None).await;
-    assert_eq!(run["output"], NOTHING_TRANSFERRED);
-    assert_eq!(
-        tools.count("charge_started"),
-        0,
-        "the tainted transfer never ran"
-    );
-    let frames = b.events(&id, None, None).await;
-    assert_gap_free(&frames, 1);
-    let denial = frames
-        .iter()
-        .find(|f| f.event == "policy_decision" && f.data["decision"] == "deny")
-        .unwrap();
-    assert_eq!(denial.data["rule"], "provenance");
+    assert_transfer_denied_by_provenance(&b, &id, &tools).await;
     assert!(
         plain(&std::fs::read_to_string(b.dir.join("keel.log")).unwrap_or_default())
             .contains("took over run"),

@@ -5,7 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Env, Keel, NOTHING_TRANSFERRED, assert_gap_free, bank_tools, obedient_bank_model};
+use common::{
+    Env, Keel, assert_gap_free, assert_transfer_denied_by_provenance, bank_tools,
+    obedient_bank_model, wait_until_asked,
+};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::tool_server::ToolServer;
 use serde_json::json;
@@ -233,8 +236,6 @@ async fn a_run_waiting_for_input_still_waits_after_a_crash() {
 
 #[tokio::test]
 async fn the_provenance_of_arguments_survives_a_kill_9() {
-    use std::sync::atomic::Ordering;
-
     // The model reads a bill carrying an injected transfer, and obeys it.
     // Its answer after the read is slow the first time: the node is killed
     // while it waits, and the restarted node asks again.
@@ -251,32 +252,9 @@ async fn the_provenance_of_arguments_survives_a_kill_9() {
     let id = keel.start_run("Pay my latest bill.", None).await;
     keel.events_until(&id, None, None, |f| f.event == "tool_result")
         .await;
-    for _ in 0..500 {
-        if asked_after_read.load(Ordering::SeqCst) > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        asked_after_read.load(Ordering::SeqCst),
-        1,
-        "killed while the model answers"
-    );
+    wait_until_asked(&asked_after_read, "killed while the model answers").await;
     keel.kill9().await;
     keel.restart().await;
-    let run = keel.wait_status(&id, "completed", None).await;
-    assert_eq!(run["output"], NOTHING_TRANSFERRED);
-    assert_eq!(
-        tools.count("charge_started"),
-        0,
-        "the tainted transfer never ran"
-    );
-    let frames = keel.events(&id, None, None).await;
-    assert_gap_free(&frames, 1);
-    let denial = frames
-        .iter()
-        .find(|f| f.event == "policy_decision" && f.data["decision"] == "deny")
-        .unwrap();
-    assert_eq!(denial.data["rule"], "provenance");
+    assert_transfer_denied_by_provenance(&keel, &id, &tools).await;
     assert!(model.violations().is_empty(), "{:?}", model.violations());
 }

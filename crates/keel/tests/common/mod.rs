@@ -509,3 +509,40 @@ pub fn obedient_bank_model(
     });
     (script, asked)
 }
+
+/// Waits (up to 10 s) until the obedient model was asked after reading the
+/// bill, and checks it was asked once: the moment a test kills a node.
+pub async fn wait_until_asked(asked: &std::sync::atomic::AtomicUsize, what: &str) {
+    use std::sync::atomic::Ordering;
+    for _ in 0..1000 {
+        if asked.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "{what}");
+}
+
+/// The run `id`, resumed by `keel`, ends with the obedient model told no:
+/// completed without the transfer, its events gap-free, the transfer
+/// denied by the provenance rule.
+pub async fn assert_transfer_denied_by_provenance(
+    keel: &Keel,
+    id: &str,
+    tools: &keel_test_support::tool_server::ToolServer,
+) {
+    let run = keel.wait_status(id, "completed", None).await;
+    assert_eq!(run["output"], NOTHING_TRANSFERRED);
+    assert_eq!(
+        tools.count("charge_started"),
+        0,
+        "the tainted transfer never ran"
+    );
+    let frames = keel.events(id, None, None).await;
+    assert_gap_free(&frames, 1);
+    let denial = frames
+        .iter()
+        .find(|f| f.event == "policy_decision" && f.data["decision"] == "deny")
+        .expect("a denial");
+    assert_eq!(denial.data["rule"], "provenance");
+}
