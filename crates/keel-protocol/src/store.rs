@@ -68,6 +68,7 @@ impl Commit {
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
     pub session: Option<String>,
+    pub agent: Option<String>,
     pub status: Option<RunStatus>,
     pub limit: u32,
     /// Opaque cursor from a previous page.

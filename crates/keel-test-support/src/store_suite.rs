@@ -104,6 +104,7 @@ fn ids_of(runs: &[&RunRecord]) -> Vec<String> {
 fn filter(session: Option<&str>, status: Option<RunStatus>, limit: u32) -> RunFilter {
     RunFilter {
         session: session.map(str::to_owned),
+        agent: None,
         status,
         limit,
         cursor: None,
@@ -799,6 +800,29 @@ pub async fn list_filters_and_pagination(store: &Arc<dyn Store>) {
         .unwrap();
     assert!(page.runs.is_empty());
     assert_eq!(page.next_cursor, None);
+
+    // Two runs of another agent, one of them in session x and completed.
+    let mut planner = Vec::new();
+    for _ in 0..2 {
+        let mut req = new_run(&tenant, &x);
+        req.agent = "planner".into();
+        planner.push(store.create_run(req).await.unwrap().0);
+    }
+    set_status(store, &planner[0].id, RunStatus::Completed).await;
+    let mut by_agent = filter(None, None, 0);
+    by_agent.agent = Some("planner".into());
+    let page = store.list_runs(&tenant, &by_agent).await.unwrap();
+    assert_eq!(
+        ids(&page.runs),
+        vec![planner[1].id.clone(), planner[0].id.clone()]
+    );
+    by_agent.session = Some(x.clone());
+    by_agent.status = Some(RunStatus::Completed);
+    let page = store.list_runs(&tenant, &by_agent).await.unwrap();
+    assert_eq!(ids(&page.runs), vec![planner[0].id.clone()]);
+    by_agent.agent = Some("assistant".into());
+    let page = store.list_runs(&tenant, &by_agent).await.unwrap();
+    assert_eq!(ids(&page.runs), newest_first(&[1, 3]));
 
     let page = store
         .list_runs(&new_id("ten"), &filter(None, None, 0))

@@ -104,6 +104,7 @@ pub async fn get(
 #[derive(Deserialize)]
 pub struct ListQuery {
     session: Option<String>,
+    agent: Option<String>,
     status: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
@@ -135,6 +136,7 @@ pub async fn list(
     };
     let filter = RunFilter {
         session: q.session.filter(|s| !s.is_empty()),
+        agent: q.agent.filter(|a| !a.is_empty()),
         status,
         limit,
         cursor: q.cursor.filter(|c| !c.is_empty()),

@@ -49,42 +49,28 @@ pub(super) async fn list_runs(
             .ok_or_else(|| StoreError::Conflict(format!("invalid cursor {cursor:?}")))?,
     };
     // One statement per filter combination, each able to use its own index.
-    let sql = match (filter.session.is_some(), filter.status.is_some()) {
-        (false, false) => concat!(
-            "SELECT ",
-            run_columns!(),
-            " FROM runs WHERE tenant = $1 AND ord < $2 ORDER BY ord DESC LIMIT $3"
-        ),
-        (true, false) => concat!(
-            "SELECT ",
-            run_columns!(),
-            " FROM runs WHERE tenant = $1 AND session = $2 AND ord < $3 \
-             ORDER BY ord DESC LIMIT $4"
-        ),
-        (false, true) => concat!(
-            "SELECT ",
-            run_columns!(),
-            " FROM runs WHERE tenant = $1 AND status = $2 AND ord < $3 \
-             ORDER BY ord DESC LIMIT $4"
-        ),
-        (true, true) => concat!(
-            "SELECT ",
-            run_columns!(),
-            " FROM runs WHERE tenant = $1 AND session = $2 AND status = $3 AND ord < $4 \
-             ORDER BY ord DESC LIMIT $5"
-        ),
-    };
-    let mut query = sqlx::query(sql).bind(tenant);
-    if let Some(session) = &filter.session {
-        query = query.bind(session);
+    let mut query = sqlx::QueryBuilder::new(concat!(
+        "SELECT ",
+        run_columns!(),
+        " FROM runs WHERE tenant = "
+    ));
+    query.push_bind(tenant);
+    for (column, value) in [
+        (" AND session = ", filter.session.as_deref()),
+        (" AND agent = ", filter.agent.as_deref()),
+        (" AND status = ", filter.status.map(|s| s.as_str())),
+    ] {
+        if let Some(v) = value {
+            query.push(column).push_bind(v);
+        }
     }
-    if let Some(status) = filter.status {
-        query = query.bind(status.as_str());
-    }
+    query.push(" AND ord < ").push_bind(before);
+    // One more than asked tells whether another page follows.
+    query
+        .push(" ORDER BY ord DESC LIMIT ")
+        .push_bind(i64::from(limit) + 1);
     let rows = query
-        .bind(before)
-        // One more than asked tells whether another page follows.
-        .bind(i64::from(limit) + 1)
+        .build()
         .fetch_all(pool)
         .await
         .map_err(db("listing runs"))?;

@@ -46,30 +46,28 @@ pub(super) fn list_runs(
             .ok_or_else(|| StoreError::Conflict(format!("invalid cursor {cursor:?}")))?,
     };
     // One statement per filter combination, each able to use its own index.
-    let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant = ?1");
-    if filter.session.is_some() {
-        sql.push_str(" AND session = ?2");
+    let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant = ?");
+    let mut args: Vec<rusqlite::types::Value> = vec![tenant.to_owned().into()];
+    for (column, value) in [
+        ("session", filter.session.as_deref()),
+        ("agent", filter.agent.as_deref()),
+        ("status", filter.status.map(|s| s.as_str())),
+    ] {
+        if let Some(v) = value {
+            sql.push_str(&format!(" AND {column} = ?"));
+            args.push(v.to_owned().into());
+        }
     }
-    if filter.status.is_some() {
-        sql.push_str(" AND status = ?3");
-    }
-    sql.push_str(" AND ord < ?4 ORDER BY ord DESC LIMIT ?5");
+    sql.push_str(" AND ord < ? ORDER BY ord DESC LIMIT ?");
+    args.push(before.into());
+    // One more than asked tells whether another page follows.
+    args.push((i64::from(limit) + 1).into());
 
     let mut stmt = conn
         .prepare_cached(&sql)
         .map_err(db("preparing run listing"))?;
     let raws = stmt
-        .query_map(
-            params![
-                tenant,
-                filter.session,
-                filter.status.map(|s| s.as_str()),
-                before,
-                // One more than asked tells whether another page follows.
-                i64::from(limit) + 1,
-            ],
-            RawRun::from_row,
-        )
+        .query_map(rusqlite::params_from_iter(args), RawRun::from_row)
         .map_err(db("listing runs"))?
         .collect::<Result<Vec<_>, _>>()
         .map_err(db("reading listed runs"))?;
