@@ -6,6 +6,7 @@
 #   - the local embedding model (all-MiniLM-L6-v2)
 #   - the official MCP reference servers, the MCP conformance suite, Node 22
 #   - the official OpenAI Python SDKs, for the Responses API tests
+#   - Debian's Chromium and ChromeDriver, for the console's browser tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/keel-target}"
@@ -17,6 +18,7 @@ fi
 
 bash scripts/setup-local-model.sh
 bash scripts/setup-embedder.sh
+bash scripts/setup-browser.sh
 eval "$(bash scripts/setup-mcp.sh | tail -n 1)"
 eval "$(bash scripts/setup-python-sdk.sh | tail -n 1)"
 export KEEL_MCP_NPM KEEL_PYENV

@@ -575,6 +575,12 @@ impl Runtime {
             .collect())
     }
 
+    /// Whether every call of `tool` needs a person's approval (see
+    /// [`keel_guard::policy::Policy::always_asks`]).
+    pub fn always_asks(&self, tool: &ToolSpec) -> bool {
+        self.shared.guards.policy.always_asks(tool)
+    }
+
     /// Restarts an actor for every run that was not finished when the
     /// process stopped. Returns how many were resumed. With a shared store:
     /// takes over the runs no live node owns, and keeps doing so from then

@@ -197,6 +197,13 @@ impl Policy {
         (check.mode != UntrustedArguments::Allow).then_some(check)
     }
 
+    /// Whether every call of `tool` waits for a person, whatever its
+    /// arguments: the tool asks for it, or its risk is at or above
+    /// `approval_risk`. Rules and provenance may ask for more calls.
+    pub fn always_asks(&self, tool: &ToolSpec) -> bool {
+        tool.requires_approval || tool.risk >= self.approval_risk
+    }
+
     /// How long an approval may stay pending before it counts as a denial.
     pub fn approval_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.approval_timeout_s)

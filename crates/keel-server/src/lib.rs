@@ -1,8 +1,10 @@
 //! keel's HTTP face: the run API with its resumable SSE event stream
-//! (SPEC §2, §3), auth and tenant scoping, health and metrics.
+//! (SPEC §2, §3), auth and tenant scoping, health and metrics, and the
+//! operator console at `/`.
 
 mod auth;
 mod body;
+mod console;
 mod error;
 pub mod metrics;
 mod routes;

@@ -65,6 +65,7 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
     );
     // One plain line on stdout, for people and for scripts waiting for readiness.
     println!("keel listening on http://{local}");
+    println!("console: http://{local}/");
     keel_server::serve(listener, state, shutdown_signal())
         .await
         .context("serving HTTP")?;

@@ -9,10 +9,12 @@ mod tools;
 use axum::Router;
 use axum::routing::{get, post};
 
-use crate::AppState;
+use crate::{AppState, console};
 
 pub fn router() -> Router<AppState> {
     Router::new()
+        .route("/", get(console::index))
+        .route("/console/{file}", get(console::file))
         .route("/ai/runs", post(runs::create).get(runs::list))
         .route("/ai/runs/{id}", get(runs::get))
         .route("/ai/runs/{id}/events", get(runs::events))

@@ -30,6 +30,8 @@ pub async fn list(
                 "parameters": t.parameters,
                 "risk": t.risk,
                 "requires_approval": t.requires_approval,
+                // What the operator wants to know: does every call wait?
+                "needs_approval": s.runtime.always_asks(t),
                 "source": t.source,
             })
         })
