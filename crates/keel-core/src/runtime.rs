@@ -47,6 +47,10 @@ pub struct RuntimeOptions {
     pub summary_fallback_messages: usize,
     /// Semantic similarity for drift scoring (an embedder); none = lexical.
     pub similarity: Option<Arc<dyn crate::course::Similarity>>,
+    /// Sends answers, questions and approval requests back to the chat
+    /// channel a run came from; none = runs started from channels are
+    /// answered through the API only.
+    pub outbound: Option<Arc<dyn crate::outbound::Outbound>>,
 }
 
 struct Handle {

@@ -166,6 +166,15 @@ impl std::fmt::Display for CompletionReason {
     }
 }
 
+/// What a `channel_delivery` event sent back to a chat channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryKind {
+    Answer,
+    Question,
+    Approval,
+}
+
 /// A client tool call handed to the caller (`waiting_client_tool.calls`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClientCall {
@@ -346,6 +355,15 @@ pub enum EventKind {
     Final {
         answer: String,
     },
+    /// One attempt at sending the answer, a question or an approval
+    /// request back to the chat channel the run came from.
+    ChannelDelivery {
+        channel: String,
+        what: DeliveryKind,
+        attempt: u32,
+        ok: bool,
+        detail: String,
+    },
     RunCompleted {
         reason: CompletionReason,
         usage: Usage,
@@ -384,6 +402,7 @@ impl EventKind {
             Self::FollowUpStarted { .. } => "follow_up_started",
             Self::MessageDelta { .. } => "message_delta",
             Self::Final { .. } => "final",
+            Self::ChannelDelivery { .. } => "channel_delivery",
             Self::RunCompleted { .. } => "run_completed",
             Self::RunFailed { .. } => "run_failed",
             Self::RunCancelled { .. } => "run_cancelled",

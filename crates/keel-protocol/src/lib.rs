@@ -15,8 +15,8 @@ pub mod tool;
 
 pub use coord::{Coordination, Notice, Notices, QueuedCommand, SingleNode};
 pub use event::{
-    Action, ClientCall, CompletionReason, Decision, Event, EventKind, FeedbackCode, LoopDetector,
-    LoopLevel, PlannedCall,
+    Action, ClientCall, CompletionReason, Decision, DeliveryKind, Event, EventKind, FeedbackCode,
+    LoopDetector, LoopLevel, PlannedCall,
 };
 pub use message::{Message, ToolCall};
 pub use model::{

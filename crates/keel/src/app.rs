@@ -321,6 +321,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             Arc::new(crate::similarity::EmbedderSimilarity::new(embedder))
                 as Arc<dyn keel_core::Similarity>
         }),
+        outbound: None,
     };
     let runtime =
         Runtime::with_coordination(store, coord, toolset, agents, &default_agent, options)?;

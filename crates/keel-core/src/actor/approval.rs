@@ -12,6 +12,7 @@ use keel_protocol::{
 use serde_json::Value;
 
 use super::{Exit, Flow, RunActor, synthetic_result};
+use crate::outbound::Outgoing;
 use crate::pipeline::Origin;
 use crate::runtime::Command;
 use crate::state::AwaitingApproval;
@@ -60,6 +61,13 @@ impl RunActor {
         };
         let pending = awaiting.pending(risk, &reason);
         self.state.awaiting_approval = Some(awaiting);
+        let request = Outgoing::Approval {
+            approval_id: record.id.clone(),
+            tool: call.name.clone(),
+            arguments: args.clone(),
+            risk,
+            reason: reason.clone(),
+        };
         events.push(EventKind::ApprovalRequired {
             approval_id: record.id.clone(),
             tool: call.name.clone(),
@@ -75,6 +83,12 @@ impl RunActor {
         };
         self.commit_with(events, Vec::new(), patch, vec![record])
             .await?;
+        // The approvers' chat gets the request with buttons; a click decides
+        // the same persisted approval as the API and the console.
+        let sent = self.deliver(request).await;
+        if !sent.is_empty() {
+            self.commit(sent, Vec::new()).await?;
+        }
         Ok(())
     }
 

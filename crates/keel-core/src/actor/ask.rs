@@ -8,6 +8,7 @@ use keel_protocol::{EventKind, Message, RunStatus, ToolCall};
 
 use super::{Exit, Flow, RunActor};
 use crate::clarify;
+use crate::outbound::Outgoing;
 use crate::pipeline::{Ask, Origin};
 use crate::state::{WaitKind, Waiting};
 
@@ -79,7 +80,14 @@ impl RunActor {
             RunStatus::WaitingInput,
             Some(w.pending()),
         )
-        .await
+        .await?;
+        // Asked in a chat, the question goes there; the reply comes back
+        // through the same input as any other answer.
+        let sent = self.deliver(Outgoing::Question(w.question)).await;
+        if !sent.is_empty() {
+            self.commit(sent, Vec::new()).await?;
+        }
+        Ok(())
     }
 
     /// The answer to a pending question (the user's, or after a handoff a

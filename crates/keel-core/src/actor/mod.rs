@@ -15,6 +15,7 @@ mod ask;
 mod client;
 mod compact;
 mod course;
+mod deliver;
 mod finish;
 mod model_call;
 mod observe;
@@ -35,6 +36,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::AgentRuntime;
+use crate::outbound::Outgoing;
 use crate::pipeline::{RunView, ToolSnapshot};
 use crate::runtime::{Command, Shared};
 use crate::state::LoopState;
@@ -105,6 +107,9 @@ pub(crate) struct RunActor {
     baseline_calls: Option<Option<f32>>,
     /// The run's client tools, compiled once.
     client_tools: Arc<ToolSet>,
+    /// The chat channel the run came from (`metadata.channel`), where its
+    /// answer and questions go.
+    origin: Option<serde_json::Value>,
 }
 
 pub(crate) struct ActorInit {
@@ -137,8 +142,10 @@ impl RunActor {
         let started = Instant::now()
             .checked_sub(counted)
             .unwrap_or_else(Instant::now);
+        let origin = r.metadata.get("channel").filter(|c| c.is_object()).cloned();
         Self {
             shared: init.shared,
+            origin,
             run_id: r.id,
             status: r.status,
             input: r.input,
@@ -278,25 +285,31 @@ impl RunActor {
         };
         if let Some(next) = self.state.follow_ups.pop_front() {
             self.state.course.goals.push(next.clone());
-            let events = vec![
+            let mut events = self.deliver(Outgoing::Answer(answer.text.clone())).await;
+            events.insert(
+                0,
                 EventKind::Final {
                     answer: answer.text,
                 },
-                EventKind::FollowUpStarted { text: next.clone() },
-            ];
+            );
+            events.push(EventKind::FollowUpStarted { text: next.clone() });
             self.commit(events, vec![message, Message::user(next)])
                 .await?;
             return Ok(true);
         }
-        let events = vec![
+        // Sent before the run completes, so the attempts are events of the
+        // run itself; a failed delivery does not change how the run ended.
+        let mut events = self.deliver(Outgoing::Answer(answer.text.clone())).await;
+        events.insert(
+            0,
             EventKind::Final {
                 answer: answer.text.clone(),
             },
-            EventKind::RunCompleted {
-                reason: answer.reason,
-                usage: self.usage,
-            },
-        ];
+        );
+        events.push(EventKind::RunCompleted {
+            reason: answer.reason,
+            usage: self.usage,
+        });
         self.status = RunStatus::Completed;
         let patch = RunPatch {
             status: Some(RunStatus::Completed),

@@ -156,6 +156,7 @@ impl TestRuntimeBuilder {
             memory: None,
             summary_fallback_messages: 20,
             similarity: None,
+            outbound: None,
         };
         let runtime = Runtime::new(
             store,
