@@ -128,6 +128,16 @@ pub trait Store: ApprovalStore + Send + Sync {
 
     /// Cheap round trip for `/readyz`.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Records that a chat channel delivered the message `message_id`.
+    /// True the first time; false for the same message again, however
+    /// many nodes receive it at once (a unique key decides).
+    async fn record_inbound(
+        &self,
+        tenant: &str,
+        channel: &str,
+        message_id: &str,
+    ) -> Result<bool, StoreError>;
 }
 
 /// A human decision a run waits for (SPEC §4.7). It binds the exact tool and

@@ -37,6 +37,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     approvals(&store).await;
     approval_commit_is_atomic(&store).await;
     concurrent_deciders_one_wins(&store, 10).await;
+    inbound_messages_count_once(&store, 10).await;
 }
 
 pub fn principal(tenant: &str) -> Principal {
@@ -1324,5 +1325,38 @@ pub async fn archive_session(store: &Arc<dyn Store>) {
     assert!(
         store.history(&later.id).await.unwrap().is_empty(),
         "a new run starts fresh"
+    );
+}
+
+/// The same channel message recorded by many writers at once: exactly one
+/// sees it first. Other channels and tenants have their own ids.
+pub async fn inbound_messages_count_once(store: &Arc<dyn Store>, writers: usize) {
+    let tenant = new_id("ten");
+    let message = new_id("upd");
+    let tasks: Vec<_> = (0..writers)
+        .map(|_| {
+            let (store, tenant, message) = (store.clone(), tenant.clone(), message.clone());
+            tokio::spawn(async move { store.record_inbound(&tenant, "tg", &message).await })
+        })
+        .collect();
+    let mut firsts = 0;
+    for t in tasks {
+        if t.await.unwrap().unwrap() {
+            firsts += 1;
+        }
+    }
+    assert_eq!(firsts, 1, "one of {writers} concurrent writers is first");
+    assert!(!store.record_inbound(&tenant, "tg", &message).await.unwrap());
+    assert!(
+        store
+            .record_inbound(&tenant, "slack", &message)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .record_inbound(&new_id("ten"), "tg", &message)
+            .await
+            .unwrap()
     );
 }

@@ -16,6 +16,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_init.sql"),
     include_str!("../../migrations/postgres/0002_approvals.sql"),
     include_str!("../../migrations/postgres/0003_leases.sql"),
+    include_str!("../../migrations/postgres/0004_channel_messages.sql"),
 ];
 
 /// Key of the advisory lock that serializes migrations ("keel" in ASCII).

@@ -124,6 +124,15 @@ impl Store for PostgresStore {
     async fn ping(&self) -> Result<(), StoreError> {
         reads::ping(&self.pool).await
     }
+
+    async fn record_inbound(
+        &self,
+        tenant: &str,
+        channel: &str,
+        message_id: &str,
+    ) -> Result<bool, StoreError> {
+        writes::record_inbound(&self.pool, tenant, channel, message_id).await
+    }
 }
 
 #[async_trait::async_trait]

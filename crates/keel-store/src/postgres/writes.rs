@@ -316,3 +316,22 @@ pub(super) async fn archive_session(
         .map_err(db("committing session archive"))?;
     Ok((archived, messages))
 }
+
+pub(super) async fn record_inbound(
+    pool: &PgPool,
+    tenant: &str,
+    channel: &str,
+    message_id: &str,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "INSERT INTO channel_messages (tenant, channel, message_id, received_at) \
+         VALUES ($1, $2, $3, now()) ON CONFLICT DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(channel)
+    .bind(message_id)
+    .execute(pool)
+    .await
+    .map_err(db("recording inbound message"))?;
+    Ok(done.rows_affected() == 1)
+}

@@ -14,6 +14,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0001_init.sql"),
     include_str!("../../migrations/sqlite/0002_approvals.sql"),
     include_str!("../../migrations/sqlite/0003_leases.sql"),
+    include_str!("../../migrations/sqlite/0004_channel_messages.sql"),
 ];
 
 /// The schema version this build writes.

@@ -183,6 +183,27 @@ impl Store for SqliteStore {
         }
         self.readers.run(reads::ping).await
     }
+
+    async fn record_inbound(
+        &self,
+        tenant: &str,
+        channel: &str,
+        message_id: &str,
+    ) -> Result<bool, StoreError> {
+        let (tenant, channel, message_id) =
+            (tenant.to_owned(), channel.to_owned(), message_id.to_owned());
+        let first = self
+            .writer
+            .submit(|reply| WriteOp::Exec {
+                run: Box::new(move |conn| {
+                    writes::record_inbound(conn, &tenant, &channel, &message_id)
+                        .map(serde_json::Value::Bool)
+                }),
+                reply,
+            })
+            .await?;
+        Ok(first == serde_json::Value::Bool(true))
+    }
 }
 
 #[async_trait::async_trait]

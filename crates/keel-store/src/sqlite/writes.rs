@@ -247,3 +247,25 @@ pub(super) fn archive_session(
     serde_json::to_value((archived, messages))
         .map_err(|e| StoreError::Backend(format!("encoding archived session: {e}")))
 }
+
+pub(super) fn record_inbound(
+    conn: &Connection,
+    tenant: &str,
+    channel: &str,
+    message_id: &str,
+) -> Result<bool, StoreError> {
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO channel_messages (tenant, channel, message_id, received_at) \
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+        )
+        .map_err(db("preparing inbound message record"))?
+        .execute(params![
+            tenant,
+            channel,
+            message_id,
+            ts_to_sql(&keel_protocol::now())
+        ])
+        .map_err(db("recording inbound message"))?;
+    Ok(inserted == 1)
+}
