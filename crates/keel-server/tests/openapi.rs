@@ -369,6 +369,7 @@ async fn runs_and_events_match_their_schemas() {
         .await
         .unwrap();
     assert!(events.len() >= 2, "{events:?}");
+    let last = events.last().unwrap().seq;
     for e in events {
         check(
             &doc,
@@ -377,4 +378,46 @@ async fn runs_and_events_match_their_schemas() {
             e.type_name(),
         );
     }
+
+    // The stream of the ended run: everything, then closed; after its last
+    // event, empty and closed at once (it used to idle on heartbeats
+    // forever); past its last event, a 400.
+    let stream = |after: u64| {
+        let state = state.clone();
+        let id = id.clone();
+        async move {
+            let req = Request::get(format!("/ai/runs/{id}/events?after={after}"))
+                .header(header::AUTHORIZATION, format!("Bearer {KEY}"))
+                .body(Body::empty())
+                .unwrap();
+            let resp = keel_server::router(state).oneshot(req).await.unwrap();
+            let status = resp.status();
+            let kind = resp.headers()[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let body = tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                axum::body::to_bytes(resp.into_body(), 1 << 24),
+            )
+            .await
+            .expect("the stream of an ended run closes")
+            .unwrap();
+            (status, kind, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    let (status, kind, body) = stream(0).await;
+    assert_eq!(
+        (status, kind.as_str()),
+        (StatusCode::OK, "text/event-stream")
+    );
+    assert_eq!(body.matches("data: ").count() as u64, last, "{body}");
+    let (status, kind, body) = stream(last).await;
+    assert_eq!(
+        (status, kind.as_str()),
+        (StatusCode::OK, "text/event-stream")
+    );
+    assert_eq!(body, "");
+    let (status, _, body) = stream(last + 1).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 }

@@ -279,7 +279,7 @@ pub async fn list(
     ),
     responses(
         (status = 200, description = "The event stream", content_type = "text/event-stream", body = crate::openapi::RunEventFrame),
-        (status = 400, description = "A malformed `Last-Event-ID` or `after`", body = ErrorResponse),
+        (status = 400, description = "A malformed `Last-Event-ID` or `after`, or one past the run's last event", body = ErrorResponse),
         (status = 401, description = "No valid API key", body = ErrorResponse),
         (status = 404, description = "No such run in the caller's tenant", body = ErrorResponse),
         (status = 503, description = "The store is unavailable", body = ErrorResponse),
@@ -306,6 +306,20 @@ pub async fn events(
             ))
         })?,
     };
+    // Events are stored before anyone sees them, so a client cannot have
+    // seen one past the run's last: following from there would wait for
+    // numbers the run may never reach (forever, once it has ended).
+    if after > run.last_seq {
+        return Err(ApiError::bad_request(format!(
+            "Last-Event-ID/after: {after} is past the run's last event ({})",
+            run.last_seq
+        )));
+    }
+    // A run that has ended writes nothing more: after its last event, the
+    // stream is empty and closes at once instead of idling on heartbeats.
+    if run.status.is_terminal() && after == run.last_seq {
+        return Ok(sse::ended().into_response());
+    }
     Ok(sse::stream(s.runtime.clone(), run.id, after).into_response())
 }
 
