@@ -36,6 +36,7 @@ pub struct SearchQuery {
     k: Option<String>,
     /// Whose memory to search; the default agent when absent.
     #[serde(default)]
+    #[param(min_length = 1)]
     agent: Option<String>,
 }
 
@@ -51,6 +52,7 @@ pub struct NewDocument {
     text: String,
     /// The agent whose memory it joins; the default agent when absent.
     #[serde(default)]
+    #[schema(min_length = 1)]
     agent: Option<String>,
     /// Where it comes from (1 to 200 characters), `doc:<title>` when
     /// absent. A document with the same source replaces the earlier one.

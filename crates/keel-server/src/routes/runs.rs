@@ -23,8 +23,9 @@ use crate::{ApiError, AppState, sse};
 #[schema(example = json!({"input": "How is furnace 2?"}))]
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
-    /// What the user asks (at most 32 KiB). `/new` or `/reset` resets the
-    /// session instead.
+    /// What the user asks: not blank, at most 32 KiB. `/new` or `/reset`
+    /// resets the session instead.
+    #[schema(pattern = r"\S")]
     input: String,
     /// The conversation this run continues (1 to 200 characters); a new
     /// session when absent.
@@ -33,6 +34,7 @@ pub struct CreateRun {
     session: Option<String>,
     /// The agent to run; the configured default when absent.
     #[serde(default)]
+    #[schema(min_length = 1)]
     agent: Option<String>,
     /// A second request of the tenant with the same key (1 to 200
     /// characters) returns the first run instead of starting another.

@@ -60,6 +60,7 @@ pub async fn get(
 #[into_params(parameter_in = Query)]
 pub struct ResetQuery {
     /// The agent whose model writes the summary; the default agent when absent.
+    #[param(min_length = 1)]
     agent: Option<String>,
 }
 

@@ -14,6 +14,7 @@ use crate::{ApiError, AppState};
 #[into_params(parameter_in = Query)]
 pub struct ToolsQuery {
     /// The agent whose tools to list; the default agent when absent.
+    #[param(min_length = 1)]
     agent: Option<String>,
 }
 

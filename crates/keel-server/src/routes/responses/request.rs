@@ -13,13 +13,16 @@ use super::error::OaiError;
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[schema(example = json!({"model": "default", "input": "Hello"}))]
 pub struct CreateResponse {
-    /// Required: the keel agent to run (see `GET /v1/models`).
+    /// The keel agent to run (see `GET /v1/models`).
+    // Optional here so that its absence gets an error naming it.
+    #[schema(value_type = String, required = true, min_length = 1)]
     pub model: Option<String>,
     /// A string (one user message) or an array of input items: messages
     /// (`role` user, assistant, system or developer; `content` a string or
     /// `input_text` parts), `function_call_output`s for the calls the
-    /// previous response ended with, and replayed output items.
-    #[schema(value_type = Option<Value>)]
+    /// previous response ended with, and replayed output items. Every
+    /// request needs at least one message or output.
+    #[schema(value_type = ResponseInput, required = true)]
     pub input: Option<Value>,
     pub instructions: Option<String>,
     /// Client function tools (`{"type": "function", "name", "description",
@@ -66,6 +69,16 @@ pub struct CreateResponse {
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
     pub stream_options: Option<Map<String, Value>>,
+}
+
+/// What `input` may be, for the OpenAPI document: the handler reads it as
+/// JSON (`parse_input`) to name a malformed item's field in its error.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum ResponseInput {
+    Text(String),
+    Items(Vec<std::collections::HashMap<String, Value>>),
 }
 
 /// Parses the body; a type error names the field in `param`.
