@@ -26,13 +26,14 @@ pub trait SessionMemory: Send + Sync {
 }
 
 /// What a reset did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct SessionReset {
     pub session: String,
     pub archived_as: String,
     pub messages: usize,
     /// `model` when the agent's model wrote the summary, `fallback` when the
     /// last messages were kept verbatim instead.
+    #[schema(value_type = String, pattern = "^(model|fallback)$")]
     pub summarized_by: &'static str,
     pub summary: String,
     pub memory_id: Option<String>,

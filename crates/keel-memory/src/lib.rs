@@ -50,7 +50,7 @@ pub struct MemoryDocument {
 }
 
 /// One search result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MemoryHit {
     /// A chunk id (`<doc id>#<n>`) that [`Memory::get`] accepts.
     pub id: String,
@@ -61,7 +61,7 @@ pub struct MemoryHit {
 }
 
 /// How searches are being answered, for startup logs and `/readyz`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MemoryStatus {
     /// The embedding model in use; `None` when search is BM25 only.
     pub embedder: Option<String>,

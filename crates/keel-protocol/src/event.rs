@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::{ErrorBody, Usage};
 
 /// What the model decided at a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Action {
     Respond,
@@ -19,7 +19,7 @@ pub enum Action {
 }
 
 /// What the loop decided about a proposal (`policy_decision.decision`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     Execute,
@@ -45,7 +45,7 @@ impl Decision {
 
 /// What a `react_feedback` event reports: a correction fed back to the
 /// model or the loop (SPEC §3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FeedbackCode {
     ClarifyWithoutActionableTool,
@@ -90,7 +90,7 @@ impl std::fmt::Display for FeedbackCode {
 }
 
 /// Which loop detector fired (`loop_detected.detector`, SPEC §4.10).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LoopDetector {
     GenericRepeat,
@@ -116,7 +116,19 @@ impl LoopDetector {
 }
 
 /// How serious a loop hit is; ordered so that `Critical > Warning`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LoopLevel {
     /// The call runs; the model is warned.
@@ -135,7 +147,7 @@ impl LoopLevel {
 }
 
 /// Why a run completed (`run_completed.reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CompletionReason {
     /// The model answered.
@@ -167,7 +179,7 @@ impl std::fmt::Display for CompletionReason {
 }
 
 /// What a `channel_delivery` event sent back to a chat channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryKind {
     Answer,
@@ -176,7 +188,7 @@ pub enum DeliveryKind {
 }
 
 /// A client tool call handed to the caller (`waiting_client_tool.calls`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClientCall {
     pub call_id: String,
     pub name: String,
@@ -185,7 +197,7 @@ pub struct ClientCall {
 }
 
 /// One call as the model proposed it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PlannedCall {
     pub call_id: String,
     pub tool: String,
@@ -193,7 +205,7 @@ pub struct PlannedCall {
 }
 
 /// A persisted event: common fields plus the typed payload.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Event {
     pub run_id: String,
     pub seq: u64,
@@ -218,7 +230,7 @@ impl Event {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum EventKind {

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     Queued,
@@ -47,7 +47,7 @@ impl RunStatus {
 }
 
 /// What a run has consumed so far; budgets are checked against it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     pub llm_calls: u64,
     pub tool_calls: u64,
@@ -57,7 +57,7 @@ pub struct Usage {
 
 /// A budget of a run (SPEC §4.11); when one runs out the run answers from
 /// what is known and completes with `budget_exhausted`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Budget {
     MaxSteps,
@@ -86,7 +86,7 @@ impl std::fmt::Display for Budget {
 }
 
 /// The `{"code","message"}` pair used both in HTTP errors and in `run_failed`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     pub code: String,
     pub message: String,
@@ -102,7 +102,7 @@ impl ErrorBody {
 }
 
 /// What a waiting run waits for: the run's public `pending` field.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Pending {
     /// An answer from the user (`waiting_input`): to a clarification, or,
@@ -131,7 +131,7 @@ pub enum Pending {
 }
 
 /// A run as stored and as returned by `GET /ai/runs/{id}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunRecord {
     pub id: String,
     pub tenant: String,

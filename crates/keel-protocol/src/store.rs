@@ -142,7 +142,7 @@ pub trait Store: ApprovalStore + Send + Sync {
 
 /// A human decision a run waits for (SPEC §4.7). It binds the exact tool and
 /// arguments: anything else needs a new approval.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct ApprovalRecord {
     pub id: String,
     pub tenant: String,
@@ -160,7 +160,9 @@ pub struct ApprovalRecord {
     pub expires_at: chrono::DateTime<chrono::Utc>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalStatus {
     Pending,

@@ -4,7 +4,8 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use keel_core::CoreError;
-use serde_json::json;
+use keel_protocol::ErrorBody;
+use serde::Serialize;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -39,9 +40,21 @@ impl ApiError {
     }
 }
 
+/// The body of every error of keel's own routes (all but `/v1/*`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorResponse {
+    /// `code` is a stable machine-readable word (`invalid_request`,
+    /// `unauthorized`, `not_found`, `conflict`, `forbidden`,
+    /// `payload_too_large`, `store_unavailable`, `memory_unavailable`, …);
+    /// `message` says what went wrong and, for a bad field, names it.
+    pub error: ErrorBody,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let body = ErrorResponse {
+            error: ErrorBody::new(self.code, self.message),
+        };
         (self.status, Json(body)).into_response()
     }
 }

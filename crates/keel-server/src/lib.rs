@@ -6,7 +6,9 @@ mod auth;
 mod body;
 mod console;
 mod error;
+mod extract;
 pub mod metrics;
+mod openapi;
 mod routes;
 mod sse;
 
@@ -16,7 +18,7 @@ use axum::Router;
 use keel_core::Runtime;
 
 pub use auth::Auth;
-pub use error::ApiError;
+pub use error::{ApiError, ErrorResponse};
 
 /// Everything a request handler may use.
 #[derive(Clone)]
@@ -31,6 +33,12 @@ pub struct AppState {
 
 pub fn router(state: AppState) -> Router {
     routes::router().with_state(state)
+}
+
+/// The OpenAPI 3.1 document of every route [`router`] serves (also served
+/// at `GET /openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes::api().into_openapi()
 }
 
 /// Serves until `shutdown` resolves.

@@ -26,3 +26,8 @@ pub fn stream(
     });
     Sse::new(frames).keep_alive(KeepAlive::new().interval(HEARTBEAT))
 }
+
+/// The stream of a run that has ended, read after its last event: no frame.
+pub fn ended() -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    Sse::new(futures::stream::empty())
+}

@@ -6,11 +6,11 @@
 //! browser from the same API, with the API key the operator entered, so the
 //! console sees exactly what that key may see and nothing more.
 
-use axum::extract::Path;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::ApiError;
+use crate::extract::Path;
 
 const INDEX: &str = include_str!("assets/index.html");
 const SCRIPT: &str = include_str!("assets/app.js");
@@ -23,10 +23,32 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
                    connect-src 'self'; img-src 'self' data:; base-uri 'none'; \
                    form-action 'none'; frame-ancestors 'none'";
 
+/// The operator console's page.
+#[utoipa::path(
+    get,
+    path = "/",
+    operation_id = "console",
+    tag = "console",
+    security(()),
+    responses((status = 200, description = "The console", content_type = "text/html", body = String))
+)]
 pub async fn index() -> Response {
     asset(INDEX, "text/html; charset=utf-8")
 }
 
+/// The console's script and style sheet.
+#[utoipa::path(
+    get,
+    path = "/console/{file}",
+    operation_id = "consoleFile",
+    tag = "console",
+    security(()),
+    params(("file" = String, Path, description = "`app.js` or `app.css`")),
+    responses(
+        (status = 200, description = "The file", content_type = "text/javascript", body = String),
+        (status = 404, description = "No such file", body = crate::ErrorResponse),
+    )
+)]
 pub async fn file(Path(name): Path<String>) -> Result<Response, ApiError> {
     match name.as_str() {
         "app.js" => Ok(asset(SCRIPT, "text/javascript; charset=utf-8")),

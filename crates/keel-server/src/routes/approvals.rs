@@ -1,27 +1,67 @@
 //! `/ai/approvals`: pending human decisions of the caller's tenant.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use keel_protocol::{ApprovalRecord, ApprovalStatus};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::Caller;
 use crate::body::JsonBody;
-use crate::error::from_core;
+use crate::error::{ErrorResponse, from_core};
+use crate::extract::{Path, Query};
 use crate::{ApiError, AppState};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Only approvals with this status; `all` (the default) for every one.
+    #[param(value_type = Option<StatusFilter>, inline)]
     status: Option<String>,
+    /// At most this many, 1 to 1000 (default 100).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
 }
 
+/// The values `status` takes: an approval status, or `all`. Only described
+/// here; the handler parses the text itself so that a bad value gets a
+/// message listing these.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum StatusFilter {
+    Pending,
+    Approved,
+    Denied,
+    Expired,
+    All,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ApprovalList {
+    /// Oldest first.
+    approvals: Vec<ApprovalRecord>,
+}
+
+/// The approvals of the caller's tenant.
+#[utoipa::path(
+    get,
+    path = "/ai/approvals",
+    operation_id = "listApprovals",
+    tag = "approvals",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The approvals", body = ApprovalList),
+        (status = 400, description = "A malformed status or limit", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn list(
     State(s): State<AppState>,
     Caller(p): Caller,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ApprovalList>, ApiError> {
     let status = match q.status.as_deref() {
         None | Some("") | Some("all") => None,
         Some(v) => Some(ApprovalStatus::parse(v).ok_or_else(|| {
@@ -45,9 +85,24 @@ pub async fn list(
         .list_approvals(&p.tenant, status, limit)
         .await
         .map_err(|e| from_core(e, "approval"))?;
-    Ok(Json(json!({"approvals": list})))
+    Ok(Json(ApprovalList { approvals: list }))
 }
 
+/// One approval of the caller's tenant.
+#[utoipa::path(
+    get,
+    path = "/ai/approvals/{id}",
+    operation_id = "getApproval",
+    tag = "approvals",
+    params(("id" = String, Path, description = "The approval id")),
+    responses(
+        (status = 200, description = "The approval", body = ApprovalRecord),
+        (status = 400, description = "A malformed path", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 404, description = "No such approval in the caller's tenant", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn get(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -62,14 +117,48 @@ pub async fn get(
         .ok_or_else(|| ApiError::not_found("approval"))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DecideBody {
+    #[schema(value_type = Decision)]
     decision: String,
+    /// Why, for the run's log (at most 4096 bytes).
     #[serde(default)]
+    #[schema(max_length = 4096)]
     reason: String,
 }
 
+/// What the approver decides.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum Decision {
+    Approve,
+    Deny,
+}
+
+/// Approves or denies a pending approval.
+///
+/// The run waiting on it goes on. Needs an approver role; exactly one
+/// decision wins.
+#[utoipa::path(
+    post,
+    path = "/ai/approvals/{id}",
+    operation_id = "decideApproval",
+    tag = "approvals",
+    params(("id" = String, Path, description = "The approval id")),
+    request_body = DecideBody,
+    responses(
+        (status = 200, description = "The decided approval", body = ApprovalRecord),
+        (status = 400, description = "A malformed body or decision", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 403, description = "The caller is not an approver", body = ErrorResponse),
+        (status = 404, description = "No such approval in the caller's tenant", body = ErrorResponse),
+        (status = 409, description = "Already decided or expired", body = ErrorResponse),
+        (status = 413, description = "The body is too large", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn decide(
     State(s): State<AppState>,
     Caller(p): Caller,

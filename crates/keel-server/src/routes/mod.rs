@@ -7,37 +7,48 @@ mod sessions;
 mod tools;
 
 use axum::Router;
-use axum::routing::{get, post};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::{AppState, console};
 
+pub use responses::ResponseStreamEvent;
+
+/// Every route with its documentation. Routes are only ever added here with
+/// `routes!`, which takes the path and method from the handler's
+/// `#[utoipa::path]`: a route cannot be served without being in
+/// `/openapi.json`, nor documented without being served (a test fails on a
+/// plain `.route(...)`).
+pub fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+        .routes(routes!(runs::create, runs::list))
+        .routes(routes!(runs::get))
+        .routes(routes!(runs::events))
+        .routes(routes!(runs::input))
+        .routes(routes!(runs::steer))
+        .routes(routes!(runs::follow_up))
+        .routes(routes!(runs::restore))
+        .routes(routes!(runs::cancel))
+        .routes(routes!(approvals::list))
+        .routes(routes!(approvals::get, approvals::decide))
+        .routes(routes!(tools::list))
+        .routes(routes!(sessions::get))
+        .routes(routes!(sessions::reset))
+        .routes(routes!(memory::search))
+        .routes(routes!(memory::add_document))
+        .routes(routes!(responses::create))
+        .routes(routes!(responses::models))
+        .routes(routes!(responses::model))
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
+        .routes(routes!(crate::openapi::document))
+        .routes(routes!(console::index))
+        .routes(routes!(console::file))
+}
+
 pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/", get(console::index))
-        .route("/console/{file}", get(console::file))
-        .route("/ai/runs", post(runs::create).get(runs::list))
-        .route("/ai/runs/{id}", get(runs::get))
-        .route("/ai/runs/{id}/events", get(runs::events))
-        .route("/ai/runs/{id}/input", post(runs::input))
-        .route("/ai/runs/{id}/steer", post(runs::steer))
-        .route("/ai/runs/{id}/follow_up", post(runs::follow_up))
-        .route("/ai/runs/{id}/restore", post(runs::restore))
-        .route("/ai/runs/{id}/cancel", post(runs::cancel))
-        .route("/ai/approvals", get(approvals::list))
-        .route(
-            "/ai/approvals/{id}",
-            get(approvals::get).post(approvals::decide),
-        )
-        .route("/ai/tools", get(tools::list))
-        .route("/ai/sessions/{key}", get(sessions::get))
-        .route("/ai/sessions/{key}/reset", post(sessions::reset))
-        .route("/ai/memory/search", get(memory::search))
-        .route("/ai/memory/documents", post(memory::add_document))
-        .route("/v1/responses", post(responses::create))
-        .route("/v1/models", get(responses::models))
-        .route("/v1/models/{id}", get(responses::model))
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
-        .fallback(health::not_found)
+    let (router, _) = api().split_for_parts();
+    router.fallback(health::not_found)
 }

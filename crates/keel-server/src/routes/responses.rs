@@ -26,27 +26,33 @@ mod encoder;
 mod error;
 mod ids;
 mod request;
+mod schema;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use keel_core::{ClientToolOutput, StartRun};
 use keel_protocol::{Principal, RunRecord, RunStatus};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
+use utoipa::ToSchema;
 
 use crate::AppState;
 use driver::{Segment, drive, pending_calls};
 use encoder::Encoder;
-use error::OaiError;
+use error::{OaiError, OaiErrorResponse};
 use request::{CreateResponse, FunctionTool, Item, Role};
+use schema::ResponseObject;
+pub use schema::ResponseStreamEvent;
 
 /// Comment lines keep idle streams (a run waiting for an approval) alive.
 const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -58,6 +64,33 @@ fn caller(s: &AppState, headers: &HeaderMap) -> Result<Principal, OaiError> {
     s.auth.principal_for(header).map_err(OaiError::from_api)
 }
 
+/// Creates a model response (OpenAI Responses API).
+///
+/// Starts or continues a keel run of the agent named by `model`. The
+/// request stays open until the
+/// response is complete (including while a tool call waits for a person's
+/// approval); with `stream: true` its events come as SSE frames
+/// (`event: response.*`, `data: <JSON>`).
+#[utoipa::path(
+    post,
+    path = "/v1/responses",
+    operation_id = "createResponse",
+    tag = "openai",
+    request_body = CreateResponse,
+    responses(
+        (status = 200, description = "The response; with `stream: true`, its events as SSE frames", content(
+            (ResponseObject = "application/json"),
+            (crate::openapi::ResponseEventFrame = "text/event-stream"),
+        )),
+        (status = 400, description = "A malformed body or field (`param` names it), or an unknown model", body = OaiErrorResponse),
+        (status = 401, description = "No valid API key", body = OaiErrorResponse),
+        (status = 403, description = "The caller may not do this", body = OaiErrorResponse),
+        (status = 404, description = "`previous_response_id` or a replayed item names no response of the caller", body = OaiErrorResponse),
+        (status = 409, description = "The conversation's run is not waiting for this", body = OaiErrorResponse),
+        (status = 413, description = "The body is too large", body = OaiErrorResponse),
+        (status = 503, description = "The store is unavailable", body = OaiErrorResponse),
+    )
+)]
 pub async fn create(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -488,34 +521,97 @@ fn models_created() -> i64 {
     *CREATED.get_or_init(|| chrono::Utc::now().timestamp())
 }
 
-fn model_json(id: &str) -> Value {
-    json!({"id": id, "object": "model", "created": models_created(), "owned_by": "keel"})
+fn model_of(id: &str) -> Model {
+    Model {
+        id: id.to_owned(),
+        object: ModelKind::Model,
+        created: models_created(),
+        owned_by: "keel".into(),
+    }
 }
 
-/// `GET /v1/models`: the agents, which are what `model` names here.
+/// `GET /v1/models/{id}`: a keel agent, as a model.
+#[derive(Serialize, ToSchema)]
+pub struct Model {
+    /// The agent id.
+    pub id: String,
+    pub object: ModelKind,
+    /// Unix seconds: when this process first listed its models.
+    pub created: i64,
+    pub owned_by: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelKind {
+    Model,
+}
+
+/// `GET /v1/models`: the agents of this server.
+#[derive(Serialize, ToSchema)]
+pub struct ModelList {
+    pub object: ListKind,
+    pub data: Vec<Model>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ListKind {
+    List,
+}
+
+/// Lists the models: the agents, which are what `model` names here.
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    operation_id = "listModels",
+    tag = "openai",
+    responses(
+        (status = 200, description = "The models", body = ModelList),
+        (status = 401, description = "No valid API key", body = OaiErrorResponse),
+    )
+)]
 pub async fn models(
     State(s): State<AppState>,
     headers: HeaderMap,
-) -> Result<Json<Value>, OaiError> {
+) -> Result<Json<ModelList>, OaiError> {
     caller(&s, &headers)?;
-    let data: Vec<Value> = s
+    let data = s
         .runtime
         .agent_ids()
         .iter()
-        .map(|id| model_json(id))
+        .map(|id| model_of(id))
         .collect();
-    Ok(Json(json!({"object": "list", "data": data})))
+    Ok(Json(ModelList {
+        object: ListKind::List,
+        data,
+    }))
 }
 
-/// `GET /v1/models/{id}`.
+/// One model: an agent.
+#[utoipa::path(
+    get,
+    path = "/v1/models/{id}",
+    operation_id = "getModel",
+    tag = "openai",
+    params(("id" = String, Path, description = "The agent id")),
+    responses(
+        (status = 200, description = "The model", body = Model),
+        (status = 400, description = "A malformed path", body = OaiErrorResponse),
+        (status = 401, description = "No valid API key", body = OaiErrorResponse),
+        (status = 404, description = "No such model", body = OaiErrorResponse),
+    )
+)]
 pub async fn model(
     State(s): State<AppState>,
     headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, OaiError> {
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<Model>, OaiError> {
     caller(&s, &headers)?;
+    // axum's own rejection is plain text; the `/v1` routes answer in OpenAI's shape.
+    let Path(id) = id.map_err(|e| OaiError::invalid("id", e.body_text()))?;
     if s.runtime.agent_ids().contains(&id) {
-        return Ok(Json(model_json(&id)));
+        return Ok(Json(model_of(&id)));
     }
     Err(
         OaiError::invalid("model", format!("the model `{id}` does not exist"))
@@ -543,6 +639,85 @@ mod tests {
             s,
             "[instructions]\nBe brief.\n\n[developer]\nPlant 4.\n\n[user]\nStatus?"
         );
+    }
+
+    /// Whole responses and the snapshots in stream events, for every way a
+    /// response ends, match the `ResponseObject` the document describes.
+    #[test]
+    fn encoded_responses_match_the_documented_schema() {
+        use encoder::End;
+        use keel_protocol::{Event, EventKind, Usage};
+
+        let doc = serde_json::to_value(crate::openapi()).unwrap();
+        let schema = json!({
+            "$ref": "#/components/schemas/ResponseObject",
+            "components": doc["components"],
+        });
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let check = |v: &Value| {
+            let errors: Vec<String> = validator.iter_errors(v).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{v}\n{errors:#?}");
+        };
+        let event_schema = json!({
+            "$ref": "#/components/schemas/ResponseStreamEvent",
+            "components": doc["components"],
+        });
+        let event_validator = jsonschema::validator_for(&event_schema).unwrap();
+        let check_event = |v: &Value| {
+            let errors: Vec<String> = event_validator
+                .iter_errors(v)
+                .map(|e| e.to_string())
+                .collect();
+            assert!(errors.is_empty(), "{v}\n{errors:#?}");
+        };
+        let req = request::parse_body(
+            br#"{"model": "default", "input": "hi", "metadata": {"a": "b"},
+                 "reasoning": {"effort": "low"}, "previous_response_id": "resp_run_ab_0"}"#,
+        )
+        .unwrap();
+        let tools =
+            request::parse_tools(Some(&[json!({"type": "function", "name": "get_temp"})])).unwrap();
+        let seg = Segment {
+            tenant: "t".into(),
+            run_id: "run_ab".into(),
+            start: 0,
+            baseline: Usage::default(),
+        };
+        let base = base_response(&req, "default", &seg, &tools);
+        let ev = |seq, kind| Event {
+            run_id: "run_ab".into(),
+            seq,
+            ts: chrono::Utc::now(),
+            kind,
+        };
+        let ends = [
+            End::Completed,
+            End::Failed {
+                code: "model_error".into(),
+                message: "refused".into(),
+            },
+            End::Cancelled { by: "alice".into() },
+        ];
+        for end in ends {
+            let mut enc = Encoder::new("run_ab", 0, base.clone(), |t| t == "get_temp");
+            let mut events = enc.begin();
+            events.extend(enc.on_event(&ev(1, EventKind::MessageDelta { text: "Hel".into() })));
+            events.extend(enc.on_event(&ev(
+                2,
+                EventKind::ToolCall {
+                    step: 1,
+                    call_id: "call_1".into(),
+                    tool: "get_temp".into(),
+                    arguments: json!({"city": "Oslo"}),
+                },
+            )));
+            let (last, response) = enc.finish(&end, Usage::default());
+            events.extend(last);
+            check(&response);
+            for e in &events {
+                check_event(e);
+            }
+        }
     }
 
     #[test]

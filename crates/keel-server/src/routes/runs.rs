@@ -2,46 +2,118 @@
 //! by the caller's tenant; another tenant's run is a plain 404.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use keel_core::StartRun;
 use keel_core::runtime::MAX_INPUT_BYTES;
-use keel_protocol::{RunFilter, RunStatus};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use keel_protocol::{RunFilter, RunRecord, RunStatus};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::Caller;
 use crate::body::JsonBody;
-use crate::error::from_core;
+use crate::error::{ErrorResponse, from_core};
+use crate::extract::{Path, Query};
 use crate::{ApiError, AppState, sse};
 
-#[derive(Deserialize)]
+/// The body of `POST /ai/runs`.
+#[derive(Deserialize, ToSchema)]
+#[schema(example = json!({"input": "How is furnace 2?"}))]
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
+    /// What the user asks: not blank, at most 32 KiB. `/new` or `/reset`
+    /// resets the session instead.
+    #[schema(pattern = r"\S")]
     input: String,
+    /// The conversation this run continues (1 to 200 characters); a new
+    /// session when absent.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 200)]
     session: Option<String>,
+    /// The agent to run; the configured default when absent.
     #[serde(default)]
+    #[schema(min_length = 1)]
     agent: Option<String>,
+    /// A second request of the tenant with the same key (1 to 200
+    /// characters) returns the first run instead of starting another.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 200)]
     idempotency_key: Option<String>,
+    /// Free-form data kept with the run and returned with it.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     metadata: Option<serde_json::Map<String, Value>>,
 }
 
-#[derive(Deserialize, Default)]
-pub struct StreamQuery {
+#[derive(Deserialize, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CreateQuery {
+    /// `true` (or `1`) answers with the run's event stream, as
+    /// `Accept: text/event-stream` does.
     #[serde(default)]
+    #[param(value_type = Option<bool>)]
     stream: Option<String>,
+}
+
+#[derive(Deserialize, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Resume after this event sequence number (`Last-Event-ID` wins when
+    /// both are given); from the first event when absent.
     #[serde(default)]
+    #[param(value_type = Option<u64>)]
     after: Option<String>,
 }
 
+/// `{"status": "accepted"}`: the command was queued for the run.
+#[derive(Serialize, ToSchema)]
+pub struct Accepted {
+    status: AcceptedStatus,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum AcceptedStatus {
+    Accepted,
+}
+
+/// One page of runs, newest first.
+#[derive(Serialize, ToSchema)]
+pub struct RunList {
+    runs: Vec<RunRecord>,
+    /// Pass as `cursor` for the next page; `null` on the last one.
+    next_cursor: Option<String>,
+}
+
+/// Starts a run.
+///
+/// Answers at once with the new run, or, when asked to stream, with its
+/// event stream until the run stops.
+#[utoipa::path(
+    post,
+    path = "/ai/runs",
+    operation_id = "createRun",
+    tag = "runs",
+    params(CreateQuery),
+    request_body = CreateRun,
+    responses(
+        (status = 201, description = "The run, started", body = RunRecord),
+        (status = 200, description = "With `stream=true` or `Accept: text/event-stream`: the run's events as SSE frames until it stops", content_type = "text/event-stream", body = crate::openapi::RunEventFrame),
+        (status = 400, description = "A malformed body or field", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 403, description = "The caller may not use this agent", body = ErrorResponse),
+        (status = 404, description = "No such agent", body = ErrorResponse),
+        (status = 409, description = "Conflicts with a run of the session", body = ErrorResponse),
+        (status = 413, description = "The body or input is too large", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn create(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Query(q): Query<StreamQuery>,
+    Query(q): Query<CreateQuery>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<CreateRun>,
 ) -> Result<Response, ApiError> {
@@ -81,7 +153,7 @@ fn check_key(field: &str, v: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-fn wants_stream(headers: &HeaderMap, q: &StreamQuery) -> bool {
+fn wants_stream(headers: &HeaderMap, q: &CreateQuery) -> bool {
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -89,11 +161,26 @@ fn wants_stream(headers: &HeaderMap, q: &StreamQuery) -> bool {
     accept || matches!(q.stream.as_deref(), Some("true" | "1"))
 }
 
+/// One run of the caller's tenant.
+#[utoipa::path(
+    get,
+    path = "/ai/runs/{id}",
+    operation_id = "getRun",
+    tag = "runs",
+    params(("id" = String, Path, description = "The run id (`run_…`)")),
+    responses(
+        (status = 200, description = "The run", body = RunRecord),
+        (status = 400, description = "A malformed path", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 404, description = "No such run in the caller's tenant", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn get(
     State(s): State<AppState>,
     Caller(p): Caller,
     Path(id): Path<String>,
-) -> Result<Json<keel_protocol::RunRecord>, ApiError> {
+) -> Result<Json<RunRecord>, ApiError> {
     s.runtime
         .get_run(&p.tenant, &id)
         .await
@@ -101,20 +188,42 @@ pub async fn get(
         .map_err(|e| from_core(e, "run"))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Only the runs of this session.
     session: Option<String>,
+    /// Only the runs of this agent.
     agent: Option<String>,
+    /// Only the runs with this status.
+    #[param(value_type = Option<RunStatus>)]
     status: Option<String>,
+    /// Runs per page, 1 to 100 (default 20).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 100)]
     limit: Option<String>,
+    /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
+/// The caller's tenant's runs, newest first, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/ai/runs",
+    operation_id = "listRuns",
+    tag = "runs",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of runs", body = RunList),
+        (status = 400, description = "A malformed filter, limit or cursor", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn list(
     State(s): State<AppState>,
     Caller(p): Caller,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunList>, ApiError> {
     let status = match q.status.as_deref() {
         None | Some("") => None,
         Some(v) => Some(RunStatus::parse(v).ok_or_else(|| {
@@ -151,16 +260,41 @@ pub async fn list(
             }
             other => from_core(other, "run"),
         })?;
-    Ok(Json(
-        json!({"runs": page.runs, "next_cursor": page.next_cursor}),
-    ))
+    Ok(Json(RunList {
+        runs: page.runs,
+        next_cursor: page.next_cursor,
+    }))
 }
 
+/// Streams a run's events.
+///
+/// The run's event log as Server-Sent Events, from the start or after a
+/// sequence number, live until the run stops. Each frame is
+/// `id: <seq>`, `event: <type>`, `data: <Event JSON>`; comment lines keep
+/// an idle stream alive.
+#[utoipa::path(
+    get,
+    path = "/ai/runs/{id}/events",
+    operation_id = "streamRunEvents",
+    tag = "runs",
+    params(
+        ("id" = String, Path, description = "The run id (`run_…`)"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event sequence number (what an `EventSource` sends when it reconnects)"),
+        EventsQuery,
+    ),
+    responses(
+        (status = 200, description = "The event stream", content_type = "text/event-stream", body = crate::openapi::RunEventFrame),
+        (status = 400, description = "A malformed `Last-Event-ID` or `after`, or one past the run's last event", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 404, description = "No such run in the caller's tenant", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn events(
     State(s): State<AppState>,
     Caller(p): Caller,
     Path(id): Path<String>,
-    Query(q): Query<StreamQuery>,
+    Query(q): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let run = s
@@ -177,12 +311,29 @@ pub async fn events(
             ))
         })?,
     };
+    // Events are stored before anyone sees them, so a client cannot have
+    // seen one past the run's last: following from there would wait for
+    // numbers the run may never reach (forever, once it has ended).
+    if after > run.last_seq {
+        return Err(ApiError::bad_request(format!(
+            "Last-Event-ID/after: {after} is past the run's last event ({})",
+            run.last_seq
+        )));
+    }
+    // A run that has ended writes nothing more: after its last event, the
+    // stream is empty and closes at once instead of idling on heartbeats.
+    if run.status.is_terminal() && after == run.last_seq {
+        return Ok(sse::ended().into_response());
+    }
     Ok(sse::stream(s.runtime.clone(), run.id, after).into_response())
 }
 
-#[derive(Deserialize)]
+/// A text for a run: an answer, a steering note or a follow-up.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TextBody {
+    /// Not blank, at most 32 KiB.
+    #[schema(pattern = r"\S")]
     text: String,
 }
 
@@ -199,8 +350,13 @@ fn text_of(body: TextBody) -> Result<String, ApiError> {
     Ok(body.text)
 }
 
-fn accepted() -> (StatusCode, Json<Value>) {
-    (StatusCode::ACCEPTED, Json(json!({"status": "accepted"})))
+fn accepted() -> (StatusCode, Json<Accepted>) {
+    (
+        StatusCode::ACCEPTED,
+        Json(Accepted {
+            status: AcceptedStatus::Accepted,
+        }),
+    )
 }
 
 /// The three commands that carry a text to a run.
@@ -216,7 +372,7 @@ async fn send_text(
     id: String,
     body: TextBody,
     command: TextCommand,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     let text = text_of(body)?;
     let runtime = &s.runtime;
     let sent = match command {
@@ -228,6 +384,24 @@ async fn send_text(
     Ok(accepted())
 }
 
+/// Answers the question a run waits on (`waiting_input`).
+#[utoipa::path(
+    post,
+    path = "/ai/runs/{id}/input",
+    operation_id = "answerRun",
+    tag = "runs",
+    params(("id" = String, Path, description = "The run id (`run_…`)")),
+    request_body = TextBody,
+    responses(
+        (status = 202, description = "Queued for the run", body = Accepted),
+        (status = 400, description = "A malformed body, or a blank text", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 404, description = "No such run in the caller's tenant", body = ErrorResponse),
+        (status = 409, description = "The run is not in a state that takes this", body = ErrorResponse),
+        (status = 413, description = "The body or text is too large", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn input(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -237,6 +411,24 @@ pub async fn input(
     send_text(s, p, id, body, TextCommand::Input).await
 }
 
+/// A note the running run takes into account at its next step.
+#[utoipa::path(
+    post,
+    path = "/ai/runs/{id}/steer",
+    operation_id = "steerRun",
+    tag = "runs",
+    params(("id" = String, Path, description = "The run id (`run_…`)")),
+    request_body = TextBody,
+    responses(
+        (status = 202, description = "Queued for the run", body = Accepted),
+        (status = 400, description = "A malformed body, or a blank text", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 404, description = "No such run in the caller's tenant", body = ErrorResponse),
+        (status = 409, description = "The run is not in a state that takes this", body = ErrorResponse),
+        (status = 413, description = "The body or text is too large", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn steer(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -246,6 +438,24 @@ pub async fn steer(
     send_text(s, p, id, body, TextCommand::Steer).await
 }
 
+/// A message the run handles after its current answer, in the same run.
+#[utoipa::path(
+    post,
+    path = "/ai/runs/{id}/follow_up",
+    operation_id = "followUpRun",
+    tag = "runs",
+    params(("id" = String, Path, description = "The run id (`run_…`)")),
+    request_body = TextBody,
+    responses(
+        (status = 202, description = "Queued for the run", body = Accepted),
+        (status = 400, description = "A malformed body, or a blank text", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 404, description = "No such run in the caller's tenant", body = ErrorResponse),
+        (status = 409, description = "The run is not in a state that takes this", body = ErrorResponse),
+        (status = 413, description = "The body or text is too large", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn follow_up(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -255,13 +465,32 @@ pub async fn follow_up(
     send_text(s, p, id, body, TextCommand::FollowUp).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RestoreBody {
+    /// A `checkpoint` event's `checkpoint_id`.
+    #[schema(pattern = r"\S")]
     checkpoint_id: String,
 }
 
-/// `POST /ai/runs/{id}/restore {checkpoint_id}`.
+/// Takes the run back to one of its checkpoints and goes on from there.
+#[utoipa::path(
+    post,
+    path = "/ai/runs/{id}/restore",
+    operation_id = "restoreRun",
+    tag = "runs",
+    params(("id" = String, Path, description = "The run id (`run_…`)")),
+    request_body = RestoreBody,
+    responses(
+        (status = 202, description = "Queued for the run", body = Accepted),
+        (status = 400, description = "A malformed body, or an unknown checkpoint", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 404, description = "No such run or checkpoint in the caller's tenant", body = ErrorResponse),
+        (status = 409, description = "The run is not in a state that can be restored", body = ErrorResponse),
+        (status = 413, description = "The body is too large", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn restore(
     State(s): State<AppState>,
     Caller(p): Caller,
@@ -278,6 +507,22 @@ pub async fn restore(
     Ok(accepted())
 }
 
+/// Cancels a run.
+#[utoipa::path(
+    post,
+    path = "/ai/runs/{id}/cancel",
+    operation_id = "cancelRun",
+    tag = "runs",
+    params(("id" = String, Path, description = "The run id (`run_…`)")),
+    responses(
+        (status = 202, description = "Queued for the run", body = Accepted),
+        (status = 400, description = "A malformed path", body = ErrorResponse),
+        (status = 401, description = "No valid API key", body = ErrorResponse),
+        (status = 404, description = "No such run in the caller's tenant", body = ErrorResponse),
+        (status = 409, description = "The run already stopped", body = ErrorResponse),
+        (status = 503, description = "The store is unavailable", body = ErrorResponse),
+    )
+)]
 pub async fn cancel(
     State(s): State<AppState>,
     Caller(p): Caller,

@@ -6,7 +6,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use keel_core::CoreError;
-use serde_json::json;
+use serde::Serialize;
 
 use crate::ApiError;
 
@@ -109,19 +109,37 @@ impl OaiError {
             }
         }
     }
+}
 
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
-    }
+/// The body of every error of the `/v1` routes, in OpenAI's shape.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OaiErrorResponse {
+    pub error: OaiErrorDetail,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OaiErrorDetail {
+    pub message: String,
+    /// `invalid_request_error` or `server_error`.
+    #[serde(rename = "type")]
+    #[schema(value_type = String)]
+    pub kind: &'static str,
+    /// The request field the error is about (`model`, `input[2].call_id`, …).
+    pub param: Option<String>,
+    /// `model_not_found`, `not_found`, `conflict`, `invalid_api_key`, …
+    pub code: Option<String>,
 }
 
 impl IntoResponse for OaiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let body = OaiErrorResponse {
+            error: OaiErrorDetail {
+                message: self.message,
+                kind: self.kind,
+                param: self.param,
+                code: self.code,
+            },
+        };
+        (self.status, Json(body)).into_response()
     }
 }

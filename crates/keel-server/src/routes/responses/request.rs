@@ -10,32 +10,56 @@ use super::error::OaiError;
 /// Fields the OpenAI SDKs send. Unknown fields are ignored, as clients of a
 /// compatible endpoint expect; sampling settings are echoed but the agent's
 /// configured model settings apply.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[schema(example = json!({"model": "default", "input": "Hello"}))]
 pub struct CreateResponse {
+    /// The keel agent to run (see `GET /v1/models`).
+    // Optional here so that its absence gets an error naming it.
+    #[schema(value_type = String, required = true, min_length = 1)]
     pub model: Option<String>,
+    /// A string (one user message) or an array of input items: messages
+    /// (`role` user, assistant, system or developer; `content` a string or
+    /// `input_text` parts), `function_call_output`s for the calls the
+    /// previous response ended with, and replayed output items. Every
+    /// request needs at least one message or output.
+    #[schema(value_type = ResponseInput, required = true)]
     pub input: Option<Value>,
     pub instructions: Option<String>,
+    /// Client function tools (`{"type": "function", "name", "description",
+    /// "parameters", "strict"}`); keel's own tools are configured on the server.
+    #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Value>>,
     pub previous_response_id: Option<String>,
     pub stream: Option<bool>,
     /// Type-checked and otherwise ignored (see the module doc of `responses`).
     #[allow(dead_code)]
     pub store: Option<bool>,
+    /// `auto`, `none`, `required`, or a tool choice object with a `type`.
+    #[schema(value_type = Option<Value>)]
     pub tool_choice: Option<Value>,
+    #[schema(minimum = 0.0, maximum = 2.0)]
     pub temperature: Option<f64>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f64>,
     pub max_output_tokens: Option<u64>,
     pub max_tool_calls: Option<u64>,
     pub parallel_tool_calls: Option<bool>,
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
+    #[schema(value_type = Option<Object>)]
     pub text: Option<Map<String, Value>>,
+    #[schema(value_type = Option<Object>)]
     pub reasoning: Option<Map<String, Value>>,
+    /// `auto` or `disabled`.
     pub truncation: Option<String>,
     pub user: Option<String>,
     /// Type-checked and otherwise ignored (see the module doc of `responses`).
     #[allow(dead_code)]
     pub include: Option<Vec<String>>,
+    /// Must not be `true`: keel has no background responses.
     pub background: Option<bool>,
+    /// Must be absent or `null`: continue with `previous_response_id`.
+    #[schema(value_type = Option<Value>)]
     pub conversation: Option<Value>,
     pub service_tier: Option<String>,
     pub top_logprobs: Option<u32>,
@@ -43,7 +67,18 @@ pub struct CreateResponse {
     pub prompt_cache_key: Option<String>,
     /// Type-checked and otherwise ignored (see the module doc of `responses`).
     #[allow(dead_code)]
+    #[schema(value_type = Option<Object>)]
     pub stream_options: Option<Map<String, Value>>,
+}
+
+/// What `input` may be, for the OpenAPI document: the handler reads it as
+/// JSON (`parse_input`) to name a malformed item's field in its error.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum ResponseInput {
+    Text(String),
+    Items(Vec<std::collections::HashMap<String, Value>>),
 }
 
 /// Parses the body; a type error names the field in `param`.
