@@ -116,13 +116,15 @@ pub enum DmScope {
     /// One session per agent for all direct messages: `agent:<id>:main`.
     /// Everyone who writes to the agent shares it; for a one-person setup.
     Main,
-    /// One session per person, across channels: `agent:<id>:direct:<peer>`.
+    /// One session per person, across channels: `agent:<id>:direct:<peer>`,
+    /// the peer being the linked person, or `<channel>:<sender>` for a
+    /// sender no identity link names.
     PerPeer,
-    /// One session per person and channel: `agent:<id>:<channel>:direct:<peer>`.
+    /// One session per sender and channel: `agent:<id>:<channel>:direct:<sender>`.
     #[default]
     PerChannelPeer,
-    /// One session per person, channel and bot account:
-    /// `agent:<id>:<channel>:<account>:direct:<peer>`.
+    /// One session per sender, channel and bot account:
+    /// `agent:<id>:<channel>:<account>:direct:<sender>`.
     PerAccountChannelPeer,
 }
 
@@ -154,8 +156,9 @@ pub struct RoutingConfig {
     /// roles, guild, team, account, channel); among bindings of one kind,
     /// the first in the file.
     pub bindings: Vec<RouteBinding>,
-    /// Channel identities that are one person, who then has one session
-    /// across those channels and may be a keel principal for approvals.
+    /// Channel identities that are one person, who then has one
+    /// direct-message session across those channels (with `dm_scope =
+    /// "per-peer"`) and may be a keel principal for approvals.
     pub identity_links: Vec<IdentityLink>,
 }
 
@@ -196,7 +199,7 @@ pub struct RouteBinding {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IdentityLink {
-    /// The person's id, which stands in for the sender in direct-message
+    /// The person's id, which stands in for the sender in `per-peer`
     /// session keys; no `:`.
     #[schemars(example = &"alice")]
     pub person: String,
