@@ -4,6 +4,7 @@
 
 pub mod env;
 mod findings;
+pub mod gateway;
 mod load;
 pub mod model;
 mod overrides;
@@ -15,6 +16,7 @@ mod semantic;
 mod tree;
 
 pub use env::{Env, MapEnv, ProcessEnv, expand_env_refs, secret_from_env};
+pub use gateway::*;
 pub use load::{load_file, load_str};
 pub use model::*;
 pub use problem::{ConfigErrors, Loaded, Problem, Severity};

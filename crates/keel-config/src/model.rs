@@ -7,6 +7,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::gateway::{ChannelConfig, RoutingConfig};
+
 /// The whole of `keel.toml`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -35,6 +37,12 @@ pub struct Config {
     pub memory: MemoryConfig,
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// Chat channels (Telegram, Slack, signed webhooks) whose messages
+    /// start runs (docs/gateway.md).
+    #[serde(default)]
+    pub channels: Vec<ChannelConfig>,
+    #[serde(default)]
+    pub routing: RoutingConfig,
 }
 
 /// OpenTelemetry traces: one `invoke_agent` span per run, `chat` per model

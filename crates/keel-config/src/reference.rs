@@ -627,7 +627,9 @@ mod tests {
         let text = example();
         let env = MapEnv::new()
             .with("OPENAI_API_KEY", "sk-test")
-            .with("KEEL_KEY_ACME", "secret");
+            .with("KEEL_KEY_ACME", "secret")
+            .with("TELEGRAM_BOT_TOKEN", "123456:ABC-DEF")
+            .with("TELEGRAM_SECRET_TOKEN", "s3cret-token");
         let loaded = load_str(&text, "example", &env);
         let problems: Vec<String> = match &loaded {
             Ok(l) => l.warnings.iter().map(ToString::to_string).collect(),
@@ -661,6 +663,11 @@ mod tests {
             "`[auth]`",
             "`[[auth.keys]]`",
             "`[memory]`",
+            "`[[channels]]`",
+            "`[routing]`",
+            "`[[routing.bindings]]`",
+            "`[[routing.identity_links]]`",
+            "`[[routing.identity_links.identities]]`",
         ] {
             assert!(doc.contains(&format!(" {header}\n")), "no section {header}");
         }

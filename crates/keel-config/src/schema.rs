@@ -92,7 +92,78 @@ pub(crate) static ROOT: &[Field] = &[
     opt("auth", Ty::Table(AUTH)),
     opt("memory", Ty::Table(MEMORY)),
     opt("telemetry", Ty::Table(TELEMETRY)),
+    opt(
+        "channels",
+        Ty::Tables {
+            fields: CHANNEL,
+            key: Some("id"),
+        },
+    ),
+    opt("routing", Ty::Table(ROUTING)),
 ];
+
+static CHANNEL: &[Field] = &[
+    req("id", Ty::Str),
+    req("kind", Ty::Enum(&["telegram", "slack", "webhook"])),
+    opt("tenant", Ty::Str),
+    opt("bot_token_env", Ty::Str),
+    opt("secret_token_env", Ty::Str),
+    opt("signing_secret_env", Ty::Str),
+    opt("api_base", Ty::Str),
+    opt("approvers_chat", Ty::Str),
+    opt("reply_url", Ty::Str),
+];
+
+static ROUTING: &[Field] = &[
+    opt("default_agent", Ty::Str),
+    opt(
+        "dm_scope",
+        Ty::Enum(&[
+            "main",
+            "per-peer",
+            "per-channel-peer",
+            "per-account-channel-peer",
+        ]),
+    ),
+    opt(
+        "bindings",
+        Ty::Tables {
+            fields: BINDING,
+            key: None,
+        },
+    ),
+    opt(
+        "identity_links",
+        Ty::Tables {
+            fields: IDENTITY_LINK,
+            key: Some("person"),
+        },
+    ),
+];
+
+static BINDING: &[Field] = &[
+    req("agent", Ty::Str),
+    req("channel", Ty::Str),
+    opt("account", Ty::Str),
+    opt("peer", Ty::Str),
+    opt("guild", Ty::Str),
+    opt("roles", STRS),
+    opt("team", Ty::Str),
+];
+
+static IDENTITY_LINK: &[Field] = &[
+    req("person", Ty::Str),
+    opt("principal", Ty::Str),
+    req(
+        "identities",
+        Ty::Tables {
+            fields: CHANNEL_IDENTITY,
+            key: None,
+        },
+    ),
+];
+
+static CHANNEL_IDENTITY: &[Field] = &[req("channel", Ty::Str), req("sender", Ty::Str)];
 
 static TELEMETRY: &[Field] = &[
     opt("otlp_endpoint", Ty::Str),
@@ -675,6 +746,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::*;
     use crate::model::*;
 
     /// Every field the model serializes must be in the schema with a type
@@ -856,6 +928,38 @@ mod tests {
                 otlp_endpoint: Some("http://c:4318".into()),
                 capture_content: true,
                 service_name: "s".into(),
+            },
+            channels: vec![ChannelConfig {
+                id: "c".into(),
+                kind: ChannelKind::Webhook,
+                tenant: "t".into(),
+                bot_token_env: Some("B".into()),
+                secret_token_env: Some("S".into()),
+                signing_secret_env: Some("G".into()),
+                api_base: Some("http://a".into()),
+                approvers_chat: Some("x".into()),
+                reply_url: Some("http://r".into()),
+            }],
+            routing: RoutingConfig {
+                default_agent: Some("a".into()),
+                dm_scope: DmScope::PerAccountChannelPeer,
+                bindings: vec![RouteBinding {
+                    agent: "a".into(),
+                    channel: "c".into(),
+                    account: Some("*".into()),
+                    peer: Some("p".into()),
+                    guild: Some("g".into()),
+                    roles: vec!["r".into()],
+                    team: Some("t".into()),
+                }],
+                identity_links: vec![IdentityLink {
+                    person: "alice".into(),
+                    principal: Some("alice".into()),
+                    identities: vec![ChannelIdentity {
+                        channel: "c".into(),
+                        sender: "1".into(),
+                    }],
+                }],
             },
         };
         let text = toml::to_string(&config).unwrap();

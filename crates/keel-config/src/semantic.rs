@@ -18,6 +18,7 @@ pub const BUILTIN_TOOLS: &[&str] = &["memory_search", "memory_get", "web_fetch",
 
 const HTTP_METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"];
 
+mod gateway;
 mod guards;
 
 pub(crate) fn check(config: &Config, env: &dyn Env, found: &mut Findings) {
@@ -28,6 +29,7 @@ pub(crate) fn check(config: &Config, env: &dyn Env, found: &mut Findings) {
     guards::check(config, found);
     check_auth(config, env, found);
     check_memory(config, env, found);
+    gateway::check(config, env, found);
     if let Some(url) = &config.telemetry.otlp_endpoint {
         check_http_url(found, &root("telemetry").key("otlp_endpoint"), url);
     }
