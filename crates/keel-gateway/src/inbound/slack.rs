@@ -231,7 +231,9 @@ fn message(channel: &ChannelConfig, callback: EventCallback) -> Result<Webhook, 
     if text.trim().is_empty() {
         return Ok(Webhook::Ignored("message without text".into()));
     }
-    let thread = event.thread_ts.filter(|t| !t.is_empty());
+    // A thread's first message may carry its own ts as thread_ts; it is
+    // the conversation's, not inside the thread.
+    let thread = event.thread_ts.filter(|t| !t.is_empty() && *t != ts);
     Ok(Webhook::Message(Box::new(
         Parts {
             account: callback

@@ -187,6 +187,12 @@ fn channel_messages_are_group_messages_unless_they_mention_the_app() {
     mention["event"]["text"] = json!("<@U0BOTUSER> status?");
     assert!(matches!(send(&mention), Ok(Webhook::Ignored(r)) if r.contains("app_mention")));
 
+    // A thread's first message is not inside its thread.
+    let mut root = plain.clone();
+    root["event"]["thread_ts"] = json!("1700000000.000400");
+    let m = message(send(&root));
+    assert_eq!((m.thread, m.peer.as_str()), (None, "C123ABC456"));
+
     for kind in ["group", "mpim"] {
         let mut private = plain.clone();
         private["event"]["channel_type"] = json!(kind);
