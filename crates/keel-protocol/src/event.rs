@@ -238,6 +238,11 @@ pub enum EventKind {
         input: String,
         session: String,
         agent: String,
+        /// The run's metadata, as given when it was started (for a run
+        /// from a chat channel: the channel and `matched_by`).
+        #[serde(default, skip_serializing_if = "Value::is_null")]
+        #[schema(value_type = Option<Object>)]
+        metadata: Value,
     },
     ModeDecision {
         mode: String,

@@ -33,6 +33,15 @@ impl Auth {
         self.keys.is_empty()
     }
 
+    /// The principal of `tenant` named `id` by some key: whom a chat user
+    /// linked to that principal acts as, with its roles.
+    pub fn principal_named(&self, tenant: &str, id: &str) -> Option<Principal> {
+        self.keys
+            .values()
+            .find(|p| p.tenant == tenant && p.id == id)
+            .cloned()
+    }
+
     pub fn principal_for(&self, header: Option<&str>) -> Result<Principal, ApiError> {
         if self.is_open() {
             return Ok(Principal::local_default());

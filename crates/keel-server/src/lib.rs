@@ -7,6 +7,7 @@ mod body;
 mod console;
 mod error;
 mod extract;
+pub mod gateway;
 pub mod metrics;
 mod openapi;
 mod routes;
@@ -29,6 +30,8 @@ pub struct AppState {
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// Long-term memory for `/ai/memory/*`; `None` answers those with 503.
     pub memory: Option<Arc<dyn keel_memory::Memory>>,
+    /// The chat channels; `None` when none are configured.
+    pub gateway: Option<Arc<gateway::Gateway>>,
 }
 
 pub fn router(state: AppState) -> Router {

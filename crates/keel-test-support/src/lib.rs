@@ -1,5 +1,6 @@
 //! keel-test-support
 pub mod fake_anthropic;
+pub mod fake_chat;
 pub mod fake_openai;
 pub mod harness;
 pub mod pg;

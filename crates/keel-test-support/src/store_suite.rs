@@ -314,6 +314,7 @@ pub async fn commit_numbers_events(store: &Arc<dyn Store>) {
             input: run.input.clone(),
             session: "s".into(),
             agent: run.agent.clone(),
+            metadata: serde_json::Value::Null,
         },
         EventKind::ToolCall {
             step: 1,

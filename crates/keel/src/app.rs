@@ -24,6 +24,8 @@ pub struct App {
     pub memory: Arc<dyn keel_memory::Memory>,
     /// API keys resolved from the environment.
     pub keys: Vec<(String, Principal)>,
+    /// The chat channels, when the configuration has any.
+    pub gateway: Option<Arc<keel_server::gateway::Gateway>>,
 }
 
 /// Where the configuration comes from, for messages.
@@ -306,6 +308,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         config.policy.approval_risk,
     ));
     let toolset = ToolSet::new(all_tools).context("registering tools")?;
+    // Before the runtime: runs started from a channel answer through it.
+    let gateway = keel_server::gateway::Gateway::from_config(&config, &env)
+        .context("setting up the chat channels")?
+        .map(Arc::new);
     let options = RuntimeOptions {
         approver_roles: config.auth.approver_roles.clone(),
         approval_timeout: Duration::from_secs(config.policy.approval_timeout_s.max(1)),
@@ -321,7 +327,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             Arc::new(crate::similarity::EmbedderSimilarity::new(embedder))
                 as Arc<dyn keel_core::Similarity>
         }),
-        outbound: None,
+        outbound: gateway.clone().map(|g| g as Arc<dyn keel_core::Outbound>),
     };
     let runtime =
         Runtime::with_coordination(store, coord, toolset, agents, &default_agent, options)?;
@@ -348,6 +354,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         runtime,
         tools,
         keys,
+        gateway,
     })
 }
 

@@ -53,6 +53,7 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         max_body_bytes: app.config.server.max_body_bytes,
         metrics: keel_server::metrics::handle(),
         memory: Some(app.memory.clone()),
+        gateway: app.gateway.clone(),
     };
     tracing::info!(
         addr = %local,

@@ -110,6 +110,8 @@ pub(crate) struct RunActor {
     /// The chat channel the run came from (`metadata.channel`), where its
     /// answer and questions go.
     origin: Option<serde_json::Value>,
+    /// The run's metadata, announced with `run_started`.
+    metadata: serde_json::Value,
 }
 
 pub(crate) struct ActorInit {
@@ -146,6 +148,7 @@ impl RunActor {
         Self {
             shared: init.shared,
             origin,
+            metadata: r.metadata,
             run_id: r.id,
             status: r.status,
             input: r.input,
@@ -214,6 +217,7 @@ impl RunActor {
                     input: self.input.clone(),
                     session: self.session.clone(),
                     agent: self.agent.config.id.clone(),
+                    metadata: self.metadata.clone(),
                 };
                 let input = Message::user(self.input.clone());
                 self.state.course.goals = vec![self.input.clone()];

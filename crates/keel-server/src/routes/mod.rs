@@ -44,6 +44,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))
         .routes(routes!(crate::openapi::document))
+        .routes(routes!(crate::gateway::webhook::webhook))
         .routes(routes!(console::index))
         .routes(routes!(console::file))
 }

@@ -36,6 +36,8 @@ pub struct Env {
     pub drift: String,
     /// The tool patterns of the `default` agent.
     pub agent_tools: Vec<String>,
+    /// Extra environment of the server process (e.g. channel secrets).
+    pub vars: Vec<(String, String)>,
 }
 
 impl Env {
@@ -60,6 +62,7 @@ impl Env {
             ]
             .map(String::from)
             .to_vec(),
+            vars: Vec::new(),
         }
     }
 }
@@ -247,6 +250,7 @@ pub struct Keel {
     _tmp: Option<tempfile::TempDir>,
     http: reqwest::Client,
     log_level: String,
+    vars: Vec<(String, String)>,
 }
 
 impl Keel {
@@ -269,6 +273,7 @@ impl Keel {
             _tmp: Some(tmp),
             http: reqwest::Client::new(),
             log_level: env.log.clone(),
+            vars: env.vars.clone(),
         };
         k.spawn().await;
         k
@@ -283,6 +288,7 @@ impl Keel {
             .env("TEST_KEY_ACME", KEY_ACME)
             .env("TEST_KEY_GLOBEX", KEY_GLOBEX)
             .env("TEST_KEY_ACME_CAROL", KEY_ACME_CAROL)
+            .envs(self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env_remove("KEEL_CONFIG")
             .stdout(Stdio::piped())
             .stderr(Stdio::from(
