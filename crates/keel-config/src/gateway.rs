@@ -160,6 +160,56 @@ pub struct RoutingConfig {
     /// direct-message session across those channels (with `dm_scope =
     /// "per-peer"`) and may be a keel principal for approvals.
     pub identity_links: Vec<IdentityLink>,
+    /// HTTP hooks at the gateway's dispatch steps: POSTs to the operator's
+    /// own service, like Kubernetes admission webhooks.
+    pub hooks: Vec<DispatchHook>,
+}
+
+/// Where in the dispatch of a channel message a hook is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HookPoint {
+    /// Each message taken in, after routing. Observe only: the answer is
+    /// ignored, and a hook that fails or times out changes nothing.
+    MessageReceived,
+    /// Before a message starts a run: the hook's `context` is added to the
+    /// run's system prompt. A hook that fails or times out adds nothing.
+    BeforePromptBuild,
+}
+
+impl HookPoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MessageReceived => "message_received",
+            Self::BeforePromptBuild => "before_prompt_build",
+        }
+    }
+}
+
+/// One `[[routing.hooks]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchHook {
+    /// The dispatch step.
+    #[schemars(example = HookPoint::BeforePromptBuild)]
+    pub point: HookPoint,
+    /// The operator's endpoint; it receives a JSON POST.
+    #[schemars(example = &"http://127.0.0.1:9000/keel/context")]
+    pub url: String,
+    /// How long keel waits for the answer.
+    #[serde(default = "default_hook_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Environment variable holding a secret: requests are then signed
+    /// like keel's webhook (`X-Keel-Timestamp`, `X-Keel-Signature`).
+    #[serde(default)]
+    pub secret_env: Option<String>,
+    /// Channel ids the hook applies to; empty: every channel.
+    #[serde(default)]
+    pub channels: Vec<String>,
+}
+
+fn default_hook_timeout_ms() -> u64 {
+    2000
 }
 
 /// One `[[routing.bindings]]` entry: every condition given must hold.

@@ -139,6 +139,13 @@ static ROUTING: &[Field] = &[
             key: Some("person"),
         },
     ),
+    opt(
+        "hooks",
+        Ty::Tables {
+            fields: DISPATCH_HOOK,
+            key: None,
+        },
+    ),
 ];
 
 static BINDING: &[Field] = &[
@@ -164,6 +171,17 @@ static IDENTITY_LINK: &[Field] = &[
 ];
 
 static CHANNEL_IDENTITY: &[Field] = &[req("channel", Ty::Str), req("sender", Ty::Str)];
+
+static DISPATCH_HOOK: &[Field] = &[
+    req(
+        "point",
+        Ty::Enum(&["message_received", "before_prompt_build"]),
+    ),
+    req("url", Ty::Str),
+    opt("timeout_ms", Ty::UInt(60_000)),
+    opt("secret_env", Ty::Str),
+    opt("channels", STRS),
+];
 
 static TELEMETRY: &[Field] = &[
     opt("otlp_endpoint", Ty::Str),
@@ -959,6 +977,13 @@ mod tests {
                         channel: "c".into(),
                         sender: "1".into(),
                     }],
+                }],
+                hooks: vec![DispatchHook {
+                    point: HookPoint::BeforePromptBuild,
+                    url: "http://127.0.0.1:9/context".into(),
+                    timeout_ms: 500,
+                    secret_env: Some("HOOK_SECRET".into()),
+                    channels: vec!["c".into()],
                 }],
             },
         };

@@ -458,3 +458,46 @@ fn channels_can_be_overridden_from_the_environment_by_id() {
     let c = load_str(&text, "keel.toml", &env).unwrap().config;
     assert_eq!(c.channels[0].api_base(), Some("http://127.0.0.1:8081"));
 }
+
+#[test]
+fn dispatch_hooks_name_a_url_a_set_secret_and_known_channels() {
+    let ok = load(&format!(
+        r#"{CHANNELS}
+[[routing.hooks]]
+point = "before_prompt_build"
+url = "http://127.0.0.1:9000/context"
+secret_env = "HOOK_SECRET"
+channels = ["tg"]
+"#
+    ));
+    assert!(ok.is_ok(), "{}", messages(&ok));
+    let hook = &ok.unwrap().config.routing.hooks[0];
+    assert_eq!(hook.timeout_ms, 2000, "the default timeout");
+
+    let bad = load(&format!(
+        r#"{CHANNELS}
+[[routing.hooks]]
+point = "message_received"
+url = "ftp://example.com/x"
+timeout_ms = 0
+secret_env = "NOT_SET_ANYWHERE"
+channels = ["nope"]
+
+[[routing.hooks]]
+point = "before_tool_call"
+url = "http://127.0.0.1:9000/x"
+"#
+    ));
+    assert_eq!(
+        keys(&bad),
+        vec![
+            k(E, "routing.hooks[0].url"),
+            k(E, "routing.hooks[0].timeout_ms"),
+            k(W, "routing.hooks[0].secret_env"),
+            k(E, "routing.hooks[0].channels[0]"),
+            k(E, "routing.hooks[1].point"),
+        ],
+        "{}",
+        messages(&bad)
+    );
+}

@@ -39,6 +39,7 @@ fn every_toml_example_of_the_gateway_guide_loads() {
         ("SLACK_SIGNING_SECRET", "8f742231b10e8888abcd99yyyzzz85a5"),
         ("BRIDGE_SIGNING_SECRET", "s3cret"),
         ("KEEL_KEY_ALICE", "k"),
+        ("KEEL_HOOK_SECRET", "hook-secret"),
     ]
     .into_iter()
     .collect();

@@ -818,3 +818,162 @@ async fn one_update_posted_to_two_nodes_at_once_starts_one_run() {
     drop(nodes);
     drop(db);
 }
+
+/// The operator's own hook service: records what `message_received` is
+/// told, and answers `before_prompt_build` with context, checking keel's
+/// signature; `/down` always fails.
+async fn hook_service() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<(String, Value, bool)>>>,
+) {
+    use axum::body::Bytes;
+    use axum::http::{HeaderMap, StatusCode};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record =
+        |path: &'static str, seen: std::sync::Arc<std::sync::Mutex<Vec<(String, Value, bool)>>>| {
+            move |headers: HeaderMap, body: Bytes| {
+                let seen = seen.clone();
+                async move {
+                    let ts = headers
+                        .get("x-keel-timestamp")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    let sig = headers
+                        .get("x-keel-signature")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    let signed = sig
+                        == format!(
+                            "sha256={}",
+                            hmac_hex(HOOK_SECRET, &[ts.as_bytes(), b".", &body])
+                        );
+                    let v: Value = serde_json::from_slice(&body).unwrap();
+                    seen.lock().unwrap().push((path.to_owned(), v, signed));
+                    match path {
+                        "/context" => (
+                            StatusCode::OK,
+                            axum::Json(
+                                json!({"context": "Operator note: furnace F2 is under maintenance until Friday."}),
+                            ),
+                        ),
+                        "/down" => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({}))),
+                        _ => (StatusCode::OK, axum::Json(json!({"ignored": "anything"}))),
+                    }
+                }
+            }
+        };
+    let app = axum::Router::new()
+        .route(
+            "/received",
+            axum::routing::post(record("/received", seen.clone())),
+        )
+        .route(
+            "/context",
+            axum::routing::post(record("/context", seen.clone())),
+        )
+        .route("/down", axum::routing::post(record("/down", seen.clone())));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), seen)
+}
+
+#[tokio::test]
+async fn dispatch_hooks_observe_messages_and_add_context_and_fail_open() {
+    let model = FakeOpenAi::start(plant_model()).await;
+    let tools = ToolServer::start().await;
+    let chat = FakeChat::start(BOT_TOKEN).await;
+    let (service, seen) = hook_service().await;
+    let hooks = format!(
+        r#"
+[[routing.hooks]]
+point = "message_received"
+url = "{service}/received"
+
+[[routing.hooks]]
+point = "message_received"
+url = "{service}/down"
+
+[[routing.hooks]]
+point = "before_prompt_build"
+url = "{service}/down"
+
+[[routing.hooks]]
+point = "before_prompt_build"
+url = "{service}/context"
+secret_env = "TEST_HOOK_SECRET"
+channels = ["tg"]
+
+[[routing.hooks]]
+point = "before_prompt_build"
+url = "http://127.0.0.1:1/closed"
+timeout_ms = 300
+"#
+    );
+    let keel = keel_with(&model, &tools, &chat, &hooks).await;
+    let (code, body) = telegram(
+        &keel,
+        &tg_message(500, 111, 111, "Can I restart F2 today?", None),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let run_id = body["run_id"].as_str().unwrap().to_owned();
+    let run = keel.wait_status(&run_id, "completed", Some(KEY_ACME)).await;
+    assert_eq!(run["output"], "Furnace F2 is running at 1450 °C.");
+
+    // The context reached the model's system prompt, after the agent's own.
+    let first = model.requests()[0].clone();
+    let system = first["messages"][0]["content"].as_str().unwrap().to_owned();
+    assert!(
+        system.starts_with("You are the plant operations assistant."),
+        "{system}"
+    );
+    assert!(
+        system.contains("Operator note: furnace F2 is under maintenance until Friday."),
+        "{system}"
+    );
+    assert_eq!(
+        run["metadata"]["prompt_context"],
+        "Operator note: furnace F2 is under maintenance until Friday."
+    );
+
+    // Every hook was called with the routed message; the signed one was signed.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(p, _, _)| p == "/received")
+        .count()
+        == 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "message_received never came"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let seen = seen.lock().unwrap().clone();
+    let received = seen.iter().find(|(p, _, _)| p == "/received").unwrap();
+    assert_eq!(received.1["point"], "message_received");
+    assert_eq!(received.1["text"], "Can I restart F2 today?");
+    assert_eq!(received.1["session"], "agent:default:tg:direct:111");
+    let context = seen.iter().find(|(p, _, _)| p == "/context").unwrap();
+    assert!(context.2, "the before_prompt_build call is signed");
+    assert_eq!(context.1["point"], "before_prompt_build");
+    assert!(
+        seen.iter().any(|(p, _, _)| p == "/down"),
+        "the failing hooks were called"
+    );
+
+    // A Slack message: the context hook is for tg only.
+    let (_, body) = slack(&keel, &slack_dm("Ev0500", "U5", "hello")).await;
+    let run = keel
+        .wait_status(
+            body["run_id"].as_str().unwrap(),
+            "completed",
+            Some(KEY_ACME),
+        )
+        .await;
+    assert!(run["metadata"].get("prompt_context").is_none(), "{run}");
+}

@@ -19,6 +19,7 @@ pub(super) fn check(config: &Config, env: &dyn Env, found: &mut Findings) {
         check_channel(found, env, &root("channels").index(i), channel);
     }
     check_routing(config, found);
+    check_hooks(config, env, found);
 }
 
 /// Channel ids appear in URL paths and in `:`-separated session keys.
@@ -398,6 +399,36 @@ fn check_principal(
                 "no [[auth.keys]] entry has principal {principal:?} in tenant {tenant:?}, the tenant of the linked channels"
             ),
         );
+    }
+}
+
+/// `[[routing.hooks]]`: a URL keel can POST to, a secret that is set, and
+/// channels that exist.
+fn check_hooks(config: &Config, env: &dyn Env, found: &mut Findings) {
+    let channels: Vec<&str> = config.channels.iter().map(|c| c.id.as_str()).collect();
+    for (i, hook) in config.routing.hooks.iter().enumerate() {
+        let at = root("routing").key("hooks").index(i);
+        check_http_url(found, &at.key("url"), &hook.url);
+        if hook.timeout_ms == 0 {
+            found.error_at(&at.key("timeout_ms"), "must be at least 1".into());
+        }
+        if let Some(var) = &hook.secret_env {
+            check_env_var_named(
+                found,
+                env,
+                &at.key("secret_env"),
+                var,
+                &format!("the secret of {} hook {i}", hook.point.as_str()),
+            );
+        }
+        for (j, channel) in hook.channels.iter().enumerate() {
+            if !channels.contains(&channel.as_str()) {
+                found.error_at(
+                    &at.key("channels").index(j),
+                    format!("no channel with id {channel:?} ({})", known(&channels)),
+                );
+            }
+        }
     }
 }
 

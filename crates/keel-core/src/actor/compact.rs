@@ -58,7 +58,7 @@ impl RunActor {
         note: Option<&str>,
     ) -> ModelRequest {
         let messages = self.state.course.view.render(&self.history);
-        prompt::build(&self.agent.config.system_prompt, &messages, tools, note)
+        prompt::build(&self.system_prompt, &messages, tools, note)
     }
 
     /// The last line of defence: shrink old tool results until the prompt
@@ -87,12 +87,7 @@ impl RunActor {
             let Some(cut) = compaction_cut(&rendered, keep) else {
                 break None;
             };
-            let tail = prompt::build(
-                &self.agent.config.system_prompt,
-                &rendered[cut..],
-                tools.to_vec(),
-                None,
-            );
+            let tail = prompt::build(&self.system_prompt, &rendered[cut..], tools.to_vec(), None);
             if self.agent.model.estimate_tokens(&tail) <= budget || keep <= 1 || cut >= floor {
                 break Some(cut);
             }

@@ -112,6 +112,9 @@ pub(crate) struct RunActor {
     origin: Option<serde_json::Value>,
     /// The run's metadata, announced with `run_started`.
     metadata: serde_json::Value,
+    /// The agent's system prompt, followed by the context a
+    /// `before_prompt_build` hook gave this run (`metadata.prompt_context`).
+    system_prompt: String,
 }
 
 pub(crate) struct ActorInit {
@@ -145,10 +148,17 @@ impl RunActor {
             .checked_sub(counted)
             .unwrap_or_else(Instant::now);
         let origin = r.metadata.get("channel").filter(|c| c.is_object()).cloned();
+        let system_prompt = match r.metadata.get("prompt_context").and_then(|c| c.as_str()) {
+            Some(context) if !context.trim().is_empty() => {
+                format!("{}\n\n{}", init.agent.config.system_prompt, context.trim())
+            }
+            _ => init.agent.config.system_prompt.clone(),
+        };
         Self {
             shared: init.shared,
             origin,
             metadata: r.metadata,
+            system_prompt,
             run_id: r.id,
             status: r.status,
             input: r.input,

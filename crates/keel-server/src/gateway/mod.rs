@@ -6,6 +6,7 @@
 //! to the runtime and the store.
 
 mod deliver;
+mod hooks;
 pub(crate) mod webhook;
 
 use std::collections::HashMap;
@@ -26,6 +27,8 @@ pub enum GatewayError {
     Outbound(#[from] keel_gateway::OutboundError),
     #[error("building the HTTP client for channel sends: {0}")]
     Client(#[from] reqwest::Error),
+    #[error(transparent)]
+    Hook(#[from] hooks::HookSetupError),
 }
 
 /// One configured channel, ready to check requests and send answers.
@@ -41,6 +44,9 @@ pub struct Gateway {
     router: Router,
     sender: Sender,
     retry: RetryPolicy,
+    hooks: std::sync::Arc<Vec<hooks::Hook>>,
+    /// For the hooks: no redirects, each call with its hook's timeout.
+    http: reqwest::Client,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -77,6 +83,10 @@ impl Gateway {
             router: Router::new(config),
             sender: Sender::new(SEND_TIMEOUT)?,
             retry: RetryPolicy::default(),
+            hooks: std::sync::Arc::new(hooks::load(&config.routing.hooks, env)?),
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()?,
         }))
     }
 

@@ -114,6 +114,11 @@ async fn message(
     };
     let principal = principal_of(&msg, route.person.as_deref());
     let runtime = &s.runtime;
+    super::hooks::message_received(
+        &gateway.hooks,
+        &gateway.http,
+        super::hooks::payload(keel_config::HookPoint::MessageReceived, &msg, &route),
+    );
 
     // In a direct chat the sender owns the session; in a group, only a
     // person linked to a keel principal may reset or stop the shared one.
@@ -160,11 +165,11 @@ async fn message(
             Ok(()) => Ok(ok(json!({ "run_id": waiting, "input": true }))),
             // Answered meanwhile (another node took the first copy): the
             // message is not lost, it starts a run of its own below.
-            Err(CoreError::Conflict(_)) => start(s, &msg, route).await,
+            Err(CoreError::Conflict(_)) => start(s, gateway, &msg, route).await,
             Err(e) => Err(from_core(e, "run")),
         };
     }
-    start(s, &msg, route).await
+    start(s, gateway, &msg, route).await
 }
 
 /// A new run for the message. Its idempotency key is the channel's message
@@ -172,6 +177,7 @@ async fn message(
 /// once, starts one run: the store's unique key decides.
 async fn start(
     s: &AppState,
+    gateway: &Gateway,
     msg: &Inbound,
     route: keel_gateway::Route,
 ) -> Result<Response, ApiError> {
@@ -182,10 +188,16 @@ async fn start(
         Some(Command::Reset) => "/reset".to_owned(),
         _ => msg.text.clone(),
     };
-    let metadata = json!({
+    let mut metadata = json!({
         "channel": deliver::origin(msg, route.person.as_deref()),
         "matched_by": route.matched_by.as_str(),
     });
+    let hook_body = super::hooks::payload(keel_config::HookPoint::BeforePromptBuild, msg, &route);
+    if let Some(context) =
+        super::hooks::prompt_context(&gateway.hooks, &gateway.http, &hook_body).await
+    {
+        metadata["prompt_context"] = Value::String(context);
+    }
     let request = StartRun {
         input,
         session: Some(route.session_key.clone()),
