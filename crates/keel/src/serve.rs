@@ -64,6 +64,10 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         node = app.runtime.node_id(),
         "keel serving on http://{local}"
     );
+    #[cfg(unix)]
+    if let Some(gateway) = app.gateway.clone() {
+        tokio::spawn(reload_routing_on_hangup(source, gateway));
+    }
     // One plain line on stdout, for people and for scripts waiting for readiness.
     println!("keel listening on http://{local}");
     println!("console: http://{local}/");
@@ -80,6 +84,33 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// SIGHUP re-reads the configuration and routes chat messages by its
+/// bindings, `dm_scope` and identity links from then on. A configuration
+/// with errors is not applied: the running routing stays.
+#[cfg(unix)]
+async fn reload_routing_on_hangup(
+    source: crate::app::Source,
+    gateway: Arc<keel_server::gateway::Gateway>,
+) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; routing reloads need a restart");
+        return;
+    };
+    while hangup.recv().await.is_some() {
+        match crate::app::load_config(&source) {
+            Ok(config) => {
+                gateway.reload_routing(&config);
+                tracing::info!("configuration reloaded: chat routing follows it from now on");
+            }
+            Err(e) => tracing::warn!(
+                error = %format!("{e:#}"),
+                "configuration not reloaded; the running routing stays"
+            ),
+        }
+    }
 }
 
 async fn shutdown_signal() {

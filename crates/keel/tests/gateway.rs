@@ -977,3 +977,244 @@ timeout_ms = 300
         .await;
     assert!(run["metadata"].get("prompt_context").is_none(), "{run}");
 }
+
+/// Slack's headers for a form-encoded interaction.
+fn slack_form_headers(body: &[u8], ts: u64, secret: &str) -> Vec<(&'static str, String)> {
+    let mut headers = slack_headers(body, ts, secret);
+    headers.retain(|(k, _)| *k != "Content-Type");
+    headers.push((
+        "Content-Type",
+        "application/x-www-form-urlencoded".to_owned(),
+    ));
+    headers
+}
+
+/// A Slack `block_actions` interaction: form-encoded `payload=`, as Slack
+/// posts a button press.
+fn slack_click(user: &str, value: &str, response_url: &str, trigger: &str) -> Vec<u8> {
+    let payload = json!({
+        "type": "block_actions",
+        "user": {"id": user, "username": "someone", "team_id": "T0PLANT"},
+        "api_app_id": "A0KEEL",
+        "token": "verification-token-unused",
+        "container": {"type": "message", "message_ts": "1700000200.000100", "channel_id": "C0APPROVE"},
+        "trigger_id": trigger,
+        "team": {"id": "T0PLANT", "domain": "plant"},
+        "channel": {"id": "C0APPROVE", "name": "approvals"},
+        "message": {"type": "message", "text": "Approval needed", "ts": "1700000200.000100"},
+        "response_url": response_url,
+        "actions": [{
+            "action_id": "keel_approve",
+            "block_id": "keel_approval",
+            "text": {"type": "plain_text", "text": "Approve"},
+            "value": value,
+            "type": "button",
+            "action_ts": "1700000210.840180"
+        }]
+    });
+    serde_urlencoded::to_string([("payload", payload.to_string())])
+        .unwrap()
+        .into_bytes()
+}
+
+#[tokio::test]
+async fn a_slack_approval_is_posted_with_buttons_and_a_click_by_the_approver_decides_it() {
+    let model = FakeOpenAi::start(plant_model()).await;
+    let tools = ToolServer::start().await;
+    let chat = FakeChat::start(BOT_TOKEN).await;
+    let base = chat.base_url();
+    let extra = format!(
+        r#"
+[[channels]]
+id = "slack"
+kind = "slack"
+tenant = "acme"
+bot_token_env = "TEST_TG_TOKEN"
+signing_secret_env = "TEST_SLACK_SECRET"
+api_base = "{base}"
+approvers_chat = "C0APPROVE"
+
+[[routing.identity_links]]
+person = "alice"
+principal = "alice"
+identities = [{{ channel = "slack", sender = "U0ALICE" }}]
+"#
+    );
+    let keel = Keel::start_with(&env(&model, &tools), |c| format!("{c}\n{extra}")).await;
+
+    let (code, body) = slack(&keel, &slack_dm("Ev0600", "U0ANA", "Shut line F2 down")).await;
+    assert_eq!(code, 200, "{body}");
+    let run_id = body["run_id"].as_str().unwrap().to_owned();
+    let run = keel
+        .wait_status(&run_id, "waiting_approval", Some(KEY_ACME))
+        .await;
+    let approval = run["pending"]["approval_id"].as_str().unwrap().to_owned();
+    let posted = chat.wait_for("chat.postMessage", 1).await;
+    assert_eq!(posted[0].body["channel"], "C0APPROVE");
+    let blocks = posted[0].body["blocks"].to_string();
+    assert!(blocks.contains(&format!("approve:{approval}")), "{blocks}");
+
+    // Ana is not linked to a principal: refused, nothing changes.
+    let response_url = format!("{base}/response");
+    let click = slack_click(
+        "U0ANA",
+        &format!("approve:{approval}"),
+        &response_url,
+        "trig-1",
+    );
+    let (code, body) = post(
+        &keel,
+        "slack",
+        &slack_form_headers(&click, unix_now(), SLACK_SECRET),
+        &click,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["decided"], false);
+    assert_eq!(tools.count("restart"), 0);
+
+    // A forged click is refused before anything is read.
+    let (code, _) = post(
+        &keel,
+        "slack",
+        &slack_form_headers(&click, unix_now(), "forged"),
+        &click,
+    )
+    .await;
+    assert_eq!(code, 401);
+
+    let click = slack_click(
+        "U0ALICE",
+        &format!("approve:{approval}"),
+        &response_url,
+        "trig-2",
+    );
+    let (code, body) = post(
+        &keel,
+        "slack",
+        &slack_form_headers(&click, unix_now(), SLACK_SECRET),
+        &click,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["decided"], true, "{body}");
+    keel.wait_status(&run_id, "completed", Some(KEY_ACME)).await;
+    assert_eq!(tools.count("restart"), 1);
+    let answers = chat.wait_for("response", 2).await;
+    assert!(
+        answers[1].body.to_string().contains("Approved by alice"),
+        "{:?}",
+        answers[1]
+    );
+    // The run's answer goes to the DM it came from.
+    let posted = chat.wait_for("chat.postMessage", 2).await;
+    assert_eq!(posted[1].body["channel"], "D0ANA");
+    assert_eq!(posted[1].body["text"], "Furnace F2 is running at 1450 °C.");
+}
+
+#[tokio::test]
+async fn stop_cancels_the_running_run_and_new_starts_a_fresh_session() {
+    let model = FakeOpenAi::start(plant_model()).await;
+    let tools = ToolServer::start().await;
+    let chat = FakeChat::start(BOT_TOKEN).await;
+    let keel = keel_with(&model, &tools, &chat, "").await;
+
+    let (_, body) = telegram(&keel, &tg_message(700, 111, 111, "Shut line F2 down", None)).await;
+    let run_id = body["run_id"].as_str().unwrap().to_owned();
+    keel.wait_status(&run_id, "waiting_approval", Some(KEY_ACME))
+        .await;
+    let (code, body) = telegram(&keel, &tg_message(701, 111, 111, "/stop", None)).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["stopped"], 1, "{body}");
+    keel.wait_status(&run_id, "cancelled", Some(KEY_ACME)).await;
+    let sent = chat.wait_for("sendMessage", 2).await;
+    assert_eq!(sent.last().unwrap().body["text"], "Stopped.");
+    assert_eq!(tools.count("restart"), 0);
+
+    // In a group, only a linked user may stop or reset the shared session.
+    let (_, body) = telegram(&keel, &tg_message(702, 222, -300, "/stop@keel_bot", None)).await;
+    assert_eq!(body["refused"], "stop", "{body}");
+
+    let (code, body) = telegram(&keel, &tg_message(703, 111, 111, "/new", None)).await;
+    assert_eq!(code, 200, "{body}");
+    let reset = keel
+        .wait_status(
+            body["run_id"].as_str().unwrap(),
+            "completed",
+            Some(KEY_ACME),
+        )
+        .await;
+    assert!(
+        reset["output"]
+            .as_str()
+            .unwrap()
+            .starts_with("Started a new session."),
+        "{reset}"
+    );
+    let sent = chat.wait_for("sendMessage", 4).await;
+    assert!(
+        sent.last().unwrap().body["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Started a new session."),
+        "{sent:?}"
+    );
+}
+
+#[tokio::test]
+async fn routing_follows_the_configuration_after_a_reload() {
+    let model = FakeOpenAi::start(Script::handler(|_| Reply::text("ok"))).await;
+    let tools = ToolServer::start().await;
+    let chat = FakeChat::start(BOT_TOKEN).await;
+    let agents = "[[agents]]\nid = \"ops\"\nprovider = \"main\"\nsystem_prompt = \"Ops.\"\ntools = []\n[agents.drift]\nenabled = false\n";
+    let binding = |agent: &str| {
+        format!("[[routing.bindings]]\nagent = \"{agent}\"\nchannel = \"tg\"\npeer = \"111\"\n")
+    };
+    let channels = channels_toml(&chat, "");
+    let first = binding("ops");
+    let keel = Keel::start_with(&env(&model, &tools), |c| {
+        format!("{c}\n{agents}\n{channels}\n{first}")
+    })
+    .await;
+    let (_, body) = telegram(&keel, &tg_message(800, 111, 111, "hello", None)).await;
+    assert_eq!(
+        (body["agent"].clone(), body["matched_by"].clone()),
+        (json!("ops"), json!("peer"))
+    );
+
+    // The binding now names another agent; a broken file changes nothing.
+    let path = keel.dir.join("keel.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{text}\n[routing]\nnot_a_key = 1\n")).unwrap();
+    let hup = |pid: u32| {
+        let ok = std::process::Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -HUP failed");
+    };
+    hup(keel.pid());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (_, body) = telegram(&keel, &tg_message(801, 111, 111, "hello", None)).await;
+    assert_eq!(
+        body["agent"], "ops",
+        "a configuration with errors is not applied: {body}"
+    );
+
+    std::fs::write(&path, text.replace(&first, &binding("default"))).unwrap();
+    hup(keel.pid());
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    for update in 802.. {
+        let (_, body) = telegram(&keel, &tg_message(update, 111, 111, "hello", None)).await;
+        if body["agent"] == "default" {
+            assert_eq!(body["matched_by"], "peer");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reload never applied: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -10,6 +10,7 @@ mod hooks;
 pub(crate) mod webhook;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use keel_config::{ChannelConfig, Config, Env};
@@ -41,7 +42,9 @@ struct Channel {
 /// Every channel of the configuration, and how messages find their agent.
 pub struct Gateway {
     channels: HashMap<String, Channel>,
-    router: Router,
+    /// Swapped whole when the configuration is reloaded: a message is
+    /// routed by the bindings it found, never a mix of old and new.
+    router: std::sync::RwLock<Arc<Router>>,
     sender: Sender,
     retry: RetryPolicy,
     hooks: std::sync::Arc<Vec<hooks::Hook>>,
@@ -80,7 +83,7 @@ impl Gateway {
         }
         Ok(Some(Self {
             channels,
-            router: Router::new(config),
+            router: std::sync::RwLock::new(Arc::new(Router::new(config))),
             sender: Sender::new(SEND_TIMEOUT)?,
             retry: RetryPolicy::default(),
             hooks: std::sync::Arc::new(hooks::load(&config.routing.hooks, env)?),
@@ -94,6 +97,25 @@ impl Gateway {
     pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
         self
+    }
+
+    /// The router of the current configuration.
+    fn router(&self) -> Arc<Router> {
+        self.router
+            .read()
+            .map(|r| r.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Routes by `config` from now on: its bindings, `dm_scope`, default
+    /// agent and identity links. Channels (their secrets and APIs) stay as
+    /// they were started; a channel added needs a restart.
+    pub fn reload_routing(&self, config: &Config) {
+        let router = Arc::new(Router::new(config));
+        match self.router.write() {
+            Ok(mut r) => *r = router,
+            Err(p) => *p.into_inner() = router,
+        }
     }
 
     /// The ids of the configured channels.

@@ -109,7 +109,8 @@ async fn message(
     channel: &Channel,
     msg: Inbound,
 ) -> Result<Response, ApiError> {
-    let Some(route) = gateway.router.route(&msg) else {
+    let router = gateway.router();
+    let Some(route) = router.route(&msg) else {
         return Ok(ok(json!({ "ignored": "no agent to route the message to" })));
     };
     let principal = principal_of(&msg, route.person.as_deref());
@@ -123,8 +124,7 @@ async fn message(
     // In a direct chat the sender owns the session; in a group, only a
     // person linked to a keel principal may reset or stop the shared one.
     let authorized = msg.chat_type == ChatType::Direct
-        || gateway
-            .router
+        || router
             .identities()
             .principal(&msg.channel, &msg.sender)
             .is_some();
@@ -313,7 +313,7 @@ async fn click(
         return Ok(ok(json!({ "duplicate": true })));
     }
     let principal = gateway
-        .router
+        .router()
         .identities()
         .principal(&click.channel, &click.sender)
         .and_then(|id| s.auth.principal_named(&click.tenant, id));

@@ -324,6 +324,11 @@ impl Keel {
         std::fs::read_to_string(self.dir.join("keel.log")).unwrap_or_default()
     }
 
+    /// The server process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().and_then(|c| c.id()).unwrap()
+    }
+
     /// SIGKILL, as a crash would.
     pub async fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
