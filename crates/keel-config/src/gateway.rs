@@ -175,6 +175,11 @@ pub enum HookPoint {
     /// Before a message starts a run: the hook's `context` is added to the
     /// run's system prompt. A hook that fails or times out adds nothing.
     BeforePromptBuild,
+    /// Before every tool call of every run that the guard pipeline cleared,
+    /// with its final arguments: the hook answers `{"decision": "allow"}`
+    /// or `{"decision": "deny", "reason": "..."}`. Fails closed: a hook
+    /// that fails, times out or answers anything else refuses the call.
+    BeforeToolCall,
 }
 
 impl HookPoint {
@@ -182,6 +187,7 @@ impl HookPoint {
         match self {
             Self::MessageReceived => "message_received",
             Self::BeforePromptBuild => "before_prompt_build",
+            Self::BeforeToolCall => "before_tool_call",
         }
     }
 }
@@ -203,9 +209,14 @@ pub struct DispatchHook {
     /// like keel's webhook (`X-Keel-Timestamp`, `X-Keel-Signature`).
     #[serde(default)]
     pub secret_env: Option<String>,
-    /// Channel ids the hook applies to; empty: every channel.
+    /// `message_received`, `before_prompt_build`: channel ids the hook
+    /// applies to; empty: every channel.
     #[serde(default)]
     pub channels: Vec<String>,
+    /// `before_tool_call`: tool name patterns the hook applies to; empty:
+    /// every tool.
+    #[serde(default)]
+    pub tools: Vec<String>,
 }
 
 fn default_hook_timeout_ms() -> u64 {

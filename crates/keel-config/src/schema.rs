@@ -175,12 +175,17 @@ static CHANNEL_IDENTITY: &[Field] = &[req("channel", Ty::Str), req("sender", Ty:
 static DISPATCH_HOOK: &[Field] = &[
     req(
         "point",
-        Ty::Enum(&["message_received", "before_prompt_build"]),
+        Ty::Enum(&[
+            "message_received",
+            "before_prompt_build",
+            "before_tool_call",
+        ]),
     ),
     req("url", Ty::Str),
     opt("timeout_ms", Ty::UInt(60_000)),
     opt("secret_env", Ty::Str),
     opt("channels", STRS),
+    opt("tools", STRS),
 ];
 
 static TELEMETRY: &[Field] = &[
@@ -984,6 +989,7 @@ mod tests {
                     timeout_ms: 500,
                     secret_env: Some("HOOK_SECRET".into()),
                     channels: vec!["c".into()],
+                    tools: vec!["plant.*".into()],
                 }],
             },
         };

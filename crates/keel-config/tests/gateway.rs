@@ -486,6 +486,16 @@ channels = ["nope"]
 [[routing.hooks]]
 point = "before_tool_call"
 url = "http://127.0.0.1:9000/x"
+channels = ["tg"]
+
+[[routing.hooks]]
+point = "before_prompt_build"
+url = "http://127.0.0.1:9000/y"
+tools = ["plant.*"]
+
+[[routing.hooks]]
+point = "after_everything"
+url = "http://127.0.0.1:9000/z"
 "#
     ));
     assert_eq!(
@@ -495,7 +505,9 @@ url = "http://127.0.0.1:9000/x"
             k(E, "routing.hooks[0].timeout_ms"),
             k(W, "routing.hooks[0].secret_env"),
             k(E, "routing.hooks[0].channels[0]"),
-            k(E, "routing.hooks[1].point"),
+            k(E, "routing.hooks[1].channels"),
+            k(E, "routing.hooks[2].tools"),
+            k(E, "routing.hooks[3].point"),
         ],
         "{}",
         messages(&bad)

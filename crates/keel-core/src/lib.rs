@@ -28,7 +28,7 @@ pub use bus::EventBus;
 pub use course::Similarity;
 pub use error::CoreError;
 pub use guards::Guards;
-pub use outbound::{Attempt, Outbound, Outgoing};
+pub use outbound::{Admission, AdmissionCall, Attempt, Outbound, Outgoing};
 pub use runtime::{ClientToolOutput, Runtime, RuntimeOptions, StartRun};
 pub use session_reset::{SessionMemory, SessionReset};
 pub use toolset::{RegisteredTool, ToolSet};

@@ -51,6 +51,8 @@ pub struct RuntimeOptions {
     /// channel a run came from; none = runs started from channels are
     /// answered through the API only.
     pub outbound: Option<Arc<dyn crate::outbound::Outbound>>,
+    /// Asked before every cleared server-side call runs; none = no one.
+    pub admission: Option<Arc<dyn crate::outbound::Admission>>,
 }
 
 struct Handle {

@@ -328,6 +328,9 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
                 as Arc<dyn keel_core::Similarity>
         }),
         outbound: gateway.clone().map(|g| g as Arc<dyn keel_core::Outbound>),
+        admission: keel_server::gateway::HttpAdmission::from_config(&config, &env)
+            .context("setting up the before_tool_call hooks")?
+            .map(|a| Arc::new(a) as Arc<dyn keel_core::Admission>),
     };
     let runtime =
         Runtime::with_coordination(store, coord, toolset, agents, &default_agent, options)?;

@@ -1218,3 +1218,102 @@ async fn routing_follows_the_configuration_after_a_reload() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// A model that reads the furnace named in the input, then reports what
+/// the tool (or the refusal) said.
+fn furnace_reader() -> Script {
+    Script::handler(|req: &Value| {
+        let messages = req["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or(Value::Null);
+        if last["role"] == "tool" {
+            return Reply::text(format!(
+                "Tool said: {}",
+                last["content"].as_str().unwrap_or_default()
+            ));
+        }
+        let input = last["content"].as_str().unwrap_or_default();
+        let furnace = if input.contains("F3") { "F3" } else { "F2" };
+        Reply::tool_call("furnace_status", json!({"furnace_id": furnace}))
+    })
+}
+
+#[tokio::test]
+async fn a_before_tool_call_hook_sees_the_cleared_call_and_its_refusal_stops_it() {
+    use axum::http::StatusCode;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let record = seen.clone();
+    let app = axum::Router::new().route(
+        "/admit",
+        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+            let record = record.clone();
+            async move {
+                record.lock().unwrap().push(body.clone());
+                let answer = if body["arguments"]["furnace_id"] == "F3" {
+                    json!({"decision": "deny", "reason": "F3 is being relined"})
+                } else {
+                    json!({"decision": "allow"})
+                };
+                (StatusCode::OK, axum::Json(answer))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let service = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let model = FakeOpenAi::start(furnace_reader()).await;
+    let tools = ToolServer::start().await;
+    let hook = |url: &str| {
+        format!(
+            "[[routing.hooks]]\npoint = \"before_tool_call\"\nurl = \"{url}\"\ntools = [\"furnace_*\"]\ntimeout_ms = 500\n"
+        )
+    };
+    let admit = hook(&format!("{service}/admit"));
+    let mut e = env(&model, &tools);
+    e.auth = false;
+    let keel = Keel::start_with(&e, |c| format!("{c}\n{admit}")).await;
+
+    let ok = keel.start_run("How is furnace F2?", None).await;
+    let run = keel.wait_status(&ok, "completed", None).await;
+    assert!(run["output"].as_str().unwrap().contains("1450"), "{run}");
+    let asked = seen.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0]["tool"], "furnace_status");
+    assert_eq!(asked[0]["arguments"], json!({"furnace_id": "F2"}));
+    assert_eq!(asked[0]["run_id"], ok.as_str());
+
+    let refused = keel.start_run("How is furnace F3?", None).await;
+    let run = keel.wait_status(&refused, "completed", None).await;
+    assert_eq!(tools.count("furnace"), 1, "the refused call never ran");
+    assert!(
+        run["output"]
+            .as_str()
+            .unwrap()
+            .contains("F3 is being relined"),
+        "the model is told why: {run}"
+    );
+    let frames = keel.events(&refused, None, None).await;
+    let denial = frames
+        .iter()
+        .find(|f| f.event == "policy_decision" && f.data["decision"] == "deny")
+        .unwrap();
+    assert_eq!(denial.data["rule"], "before_tool_call_hook[0]");
+    assert!(
+        !frames.iter().any(|f| f.event == "tool_call"),
+        "no tool_call event"
+    );
+
+    // Fails closed: a hook that cannot be reached refuses the call.
+    let down = hook("http://127.0.0.1:1/admit");
+    let keel = Keel::start_with(&e, |c| format!("{c}\n{down}")).await;
+    let id = keel.start_run("How is furnace F2?", None).await;
+    let run = keel.wait_status(&id, "completed", None).await;
+    assert_eq!(tools.count("furnace"), 1, "nothing ran");
+    assert!(
+        run["output"]
+            .as_str()
+            .unwrap()
+            .contains("could not be reached"),
+        "{run}"
+    );
+}

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::env::Env;
 use crate::findings::Findings;
-use crate::gateway::{ChannelConfig, ChannelKind, IdentityLink, RouteBinding};
+use crate::gateway::{ChannelConfig, ChannelKind, HookPoint, IdentityLink, RouteBinding};
 use crate::model::Config;
 use crate::tree::KeyPath;
 
@@ -420,6 +420,23 @@ fn check_hooks(config: &Config, env: &dyn Env, found: &mut Findings) {
                 var,
                 &format!("the secret of {} hook {i}", hook.point.as_str()),
             );
+        }
+        match hook.point {
+            HookPoint::BeforeToolCall if !hook.channels.is_empty() => found.error_at(
+                &at.key("channels"),
+                "before_tool_call hooks apply to the calls of every run; choose calls with tools"
+                    .into(),
+            ),
+            HookPoint::MessageReceived | HookPoint::BeforePromptBuild if !hook.tools.is_empty() => {
+                found.error_at(
+                    &at.key("tools"),
+                    format!(
+                        "only before_tool_call hooks look at tools; a {} hook is about messages",
+                        hook.point.as_str()
+                    ),
+                )
+            }
+            _ => {}
         }
         for (j, channel) in hook.channels.iter().enumerate() {
             if !channels.contains(&channel.as_str()) {

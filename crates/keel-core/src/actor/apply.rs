@@ -8,10 +8,12 @@ use std::time::Instant as StdInstant;
 
 use keel_guard::loop_detect::{CallRecord, Level, LoopHit, Outcome, call_fingerprint};
 use keel_protocol::{
-    ClientCall, CompletionReason, EventKind, FeedbackCode, ToolCall, ToolContext, ToolError,
+    ClientCall, CompletionReason, Decision, EventKind, FeedbackCode, ToolCall, ToolContext,
+    ToolError,
 };
 
 use super::{Answer, Exit, Flow, RunActor, synthetic_result};
+use crate::outbound::AdmissionCall;
 use crate::pipeline::{Cleared, Target, ToolSnapshot, Verdict};
 use keel_config::OnClarifyExhausted;
 
@@ -42,6 +44,9 @@ impl RunActor {
                 }
                 match cleared.target() {
                     Target::Server => {
+                        if let Err((hook, reason)) = self.admit(call, &cleared).await {
+                            return self.refused_by_hook(call, events, hook, reason).await;
+                        }
                         self.execute(call, cleared, events, snapshot).await?;
                         if self.spiralling_after_compaction() {
                             return self.end_spiral(call).await;
@@ -291,6 +296,56 @@ impl RunActor {
             .answer_without_tools(None, &note, CompletionReason::LoopBlocked)
             .await?;
         Ok(CallFlow::Done(answer))
+    }
+
+    /// Asks the operator's `before_tool_call` hooks, if any, about a call
+    /// the pipeline cleared.
+    async fn admit(&self, call: &ToolCall, cleared: &Cleared) -> Result<(), (String, String)> {
+        let Some(admission) = &self.shared.options.admission else {
+            return Ok(());
+        };
+        admission
+            .admit(AdmissionCall {
+                tenant: &self.principal.tenant,
+                principal: &self.principal.id,
+                agent: &self.agent.config.id,
+                session: &self.session,
+                run_id: &self.run_id,
+                call_id: &call.id,
+                tool: &call.name,
+                arguments: cleared.args(),
+            })
+            .await
+    }
+
+    /// A hook refused the call: it does not run, and the model is told why,
+    /// as for any policy denial.
+    async fn refused_by_hook(
+        &mut self,
+        call: &ToolCall,
+        mut events: Vec<EventKind>,
+        hook: String,
+        reason: String,
+    ) -> Result<CallFlow, Exit> {
+        events.push(EventKind::PolicyDecision {
+            step: self.steps,
+            decision: Decision::Deny,
+            reason: reason.clone(),
+            rule: hook,
+            call_id: Some(call.id.clone()),
+        });
+        events.push(EventKind::ReactFeedback {
+            step: self.steps,
+            code: FeedbackCode::DeniedByPolicy,
+            detail: reason.clone(),
+        });
+        self.state
+            .course
+            .learn_constraint(format!("`{}` was refused: {reason}", call.name));
+        let text = format!("Error: denied by policy: {reason}");
+        self.commit(events, vec![synthetic_result(call, text)])
+            .await?;
+        Ok(CallFlow::Next)
     }
 
     /// Executes a cleared call with the step's snapshot and records its one result.

@@ -1,13 +1,15 @@
-//! The gateway's HTTP hooks (`[[routing.hooks]]`): POSTs to the operator's
-//! own service at two dispatch steps, in the manner of Kubernetes admission
-//! webhooks. `message_received` only observes and never holds a message
-//! up; `before_prompt_build` may return `{"context": "..."}`, added to the
-//! run's system prompt. Both fail open: a hook that is down, slow or
-//! answers nonsense is logged and skipped, so the chat keeps working.
+//! HTTP hooks (`[[routing.hooks]]`): POSTs to the operator's own service at
+//! the dispatch steps, in the manner of Kubernetes admission webhooks.
+//! `message_received` only observes and never holds a message up;
+//! `before_prompt_build` may return `{"context": "..."}`, added to the run's
+//! system prompt; both fail open, so the chat keeps working when the hook
+//! service does not. `before_tool_call` sees every call the guard pipeline
+//! cleared and may refuse it; it fails closed, as a dangerous action must
+//! not run because a check could not be made.
 
 use std::time::{Duration, SystemTime};
 
-use keel_config::{DispatchHook, Env, HookPoint, secret_from_env};
+use keel_config::{Config, DispatchHook, Env, HookPoint, secret_from_env, tool_pattern_matches};
 use keel_gateway::Inbound;
 use keel_gateway::signature::keel_signature_headers;
 use secrecy::{ExposeSecret, SecretString};
@@ -162,4 +164,84 @@ pub(super) async fn prompt_context(
         }
     }
     (!parts.is_empty()).then(|| parts.join("\n\n"))
+}
+
+/// The `before_tool_call` hooks, as the runtime's admission check.
+pub struct HttpAdmission {
+    hooks: Vec<(usize, Hook)>,
+    http: reqwest::Client,
+}
+
+impl HttpAdmission {
+    /// The configuration's `before_tool_call` hooks; `None` when it has none.
+    pub fn from_config(
+        config: &Config,
+        env: &dyn Env,
+    ) -> Result<Option<Self>, super::GatewayError> {
+        let hooks: Vec<(usize, Hook)> = load(&config.routing.hooks, env)?
+            .into_iter()
+            .enumerate()
+            .filter(|(_, h)| h.config.point == HookPoint::BeforeToolCall)
+            .collect();
+        if hooks.is_empty() {
+            return Ok(None);
+        }
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        Ok(Some(Self { hooks, http }))
+    }
+}
+
+#[async_trait::async_trait]
+impl keel_core::Admission for HttpAdmission {
+    async fn admit(&self, call: keel_core::AdmissionCall<'_>) -> Result<(), (String, String)> {
+        let body = json!({
+            "point": HookPoint::BeforeToolCall.as_str(),
+            "tenant": call.tenant,
+            "principal": call.principal,
+            "agent": call.agent,
+            "session": call.session,
+            "run_id": call.run_id,
+            "call_id": call.call_id,
+            "tool": call.tool,
+            "arguments": call.arguments,
+        });
+        for (index, hook) in &self.hooks {
+            let patterns = &hook.config.tools;
+            if !patterns.is_empty() && !patterns.iter().any(|p| tool_pattern_matches(p, call.tool))
+            {
+                continue;
+            }
+            let rule = format!("before_tool_call_hook[{index}]");
+            let refused = |why: String| Err((rule.clone(), why));
+            match hook.call(&self.http, &body).await {
+                Ok(answer) => match answer.get("decision").and_then(Value::as_str) {
+                    Some("allow") => {}
+                    Some("deny") => {
+                        let reason = answer
+                            .get("reason")
+                            .and_then(Value::as_str)
+                            .filter(|r| !r.trim().is_empty())
+                            .unwrap_or("the operator's check refused it");
+                        return refused(format!("{} was refused: {reason}", call.tool));
+                    }
+                    _ => {
+                        return refused(format!(
+                            "{} was not run: the operator's check answered no decision",
+                            call.tool
+                        ));
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(url = %hook.config.url, error = %e, "before_tool_call hook failed; the call is refused");
+                    return refused(format!(
+                        "{} was not run: the operator's check could not be reached ({e})",
+                        call.tool
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }

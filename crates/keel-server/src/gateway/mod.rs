@@ -7,6 +7,8 @@
 
 mod deliver;
 mod hooks;
+
+pub use hooks::HttpAdmission;
 pub(crate) mod webhook;
 
 use std::collections::HashMap;

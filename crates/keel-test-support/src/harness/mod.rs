@@ -157,6 +157,7 @@ impl TestRuntimeBuilder {
             summary_fallback_messages: 20,
             similarity: None,
             outbound: None,
+            admission: None,
         };
         let runtime = Runtime::new(
             store,
