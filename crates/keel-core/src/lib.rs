@@ -3,6 +3,7 @@
 //! owns one actor task per live run.
 
 mod actor;
+pub mod admission;
 pub mod agent;
 pub mod bus;
 pub mod clarify;
@@ -23,12 +24,13 @@ mod telemetry;
 pub mod toolset;
 mod transcript;
 
+pub use admission::{Admission, AdmissionCall};
 pub use agent::AgentRuntime;
 pub use bus::EventBus;
 pub use course::Similarity;
 pub use error::CoreError;
 pub use guards::Guards;
-pub use outbound::{Admission, AdmissionCall, Attempt, Outbound, Outgoing};
+pub use outbound::{Attempt, Outbound, Outgoing};
 pub use runtime::{ClientToolOutput, Runtime, RuntimeOptions, StartRun};
 pub use session_reset::{SessionMemory, SessionReset};
 pub use toolset::{RegisteredTool, ToolSet};

@@ -52,7 +52,7 @@ pub struct RuntimeOptions {
     /// answered through the API only.
     pub outbound: Option<Arc<dyn crate::outbound::Outbound>>,
     /// Asked before every cleared server-side call runs; none = no one.
-    pub admission: Option<Arc<dyn crate::outbound::Admission>>,
+    pub admission: Option<Arc<dyn crate::admission::Admission>>,
 }
 
 struct Handle {

@@ -13,7 +13,7 @@ use keel_protocol::{
 };
 
 use super::{Answer, Exit, Flow, RunActor, synthetic_result};
-use crate::outbound::AdmissionCall;
+use crate::admission::AdmissionCall;
 use crate::pipeline::{Cleared, Target, ToolSnapshot, Verdict};
 use keel_config::OnClarifyExhausted;
 
