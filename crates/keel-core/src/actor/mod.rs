@@ -115,6 +115,9 @@ pub(crate) struct RunActor {
     /// The agent's system prompt, followed by the context a
     /// `before_prompt_build` hook gave this run (`metadata.prompt_context`).
     system_prompt: String,
+    /// The loop state as last stored: a commit that leaves it unchanged
+    /// does not write it again (most commits of a turn change only events).
+    written_state: serde_json::Value,
 }
 
 pub(crate) struct ActorInit {
@@ -130,6 +133,7 @@ impl RunActor {
     pub(crate) fn new(init: ActorInit) -> Self {
         let r = init.record;
         let state = LoopState::from_value(&r.state);
+        let written_state = r.state.clone();
         let client_tools = match crate::pipeline::client_tools(&state.client_tools) {
             Ok(set) => set,
             Err(e) => {
@@ -159,6 +163,7 @@ impl RunActor {
             origin,
             metadata: r.metadata,
             system_prompt,
+            written_state,
             run_id: r.id,
             status: r.status,
             input: r.input,
@@ -451,7 +456,11 @@ impl RunActor {
     ) -> Result<(), Exit> {
         patch.steps = Some(self.steps);
         patch.usage = Some(self.usage);
-        patch.state = Some(self.state.to_value());
+        let state = self.state.to_value();
+        let state_changed = state != self.written_state;
+        if state_changed {
+            patch.state = Some(state.clone());
+        }
         self.history.extend(messages.iter().cloned());
         let (mut all_events, mut all_messages) = std::mem::take(&mut self.held);
         all_events.extend(events);
@@ -462,15 +471,10 @@ impl RunActor {
             patch: Some(patch),
             approvals,
         };
-        // Through the coordination: a node that lost the run writes nothing.
-        let published = match self.shared.coord.commit(&self.run_id, commit).await {
-            Ok(published) => published,
-            Err(StoreError::LeaseLost(why)) => {
-                tracing::warn!(run = %self.run_id, %why, "run taken over by another node; this actor stops");
-                return Err(Exit::Detached);
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let published = self.write(commit).await?;
+        if state_changed {
+            self.written_state = state;
+        }
         crate::telemetry::record(&self.agent.config.id, &published);
         for e in &published {
             crate::otel::guard_event(&e.kind);
@@ -478,6 +482,37 @@ impl RunActor {
                 crate::otel::record_end(&tracing::Span::current(), &e.kind);
             }
         }
+        self.shared.bus.publish(&published);
+        Ok(())
+    }
+
+    /// Stores a commit through the coordination: a node that lost the run
+    /// writes nothing, and its actor stops.
+    async fn write(&self, commit: Commit) -> Result<Vec<keel_protocol::Event>, Exit> {
+        match self.shared.coord.commit(&self.run_id, commit).await {
+            Ok(published) => Ok(published),
+            Err(StoreError::LeaseLost(why)) => {
+                tracing::warn!(run = %self.run_id, %why, "run taken over by another node; this actor stops");
+                Err(Exit::Detached)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Streamed text: events only. Deltas change neither the run's record
+    /// nor its loop state, so nothing but the events is written, unless
+    /// held-back work must go first.
+    async fn commit_events(&mut self, events: Vec<EventKind>) -> Result<(), Exit> {
+        if !self.held.0.is_empty() || !self.held.1.is_empty() {
+            return self.commit(events, Vec::new()).await;
+        }
+        let commit = Commit {
+            events,
+            messages: Vec::new(),
+            patch: None,
+            approvals: Vec::new(),
+        };
+        let published = self.write(commit).await?;
         self.shared.bus.publish(&published);
         Ok(())
     }

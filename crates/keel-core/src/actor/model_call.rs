@@ -110,7 +110,7 @@ impl RunActor {
             text.truncate(cut);
         }
         let n = text.len();
-        self.commit(vec![EventKind::MessageDelta { text }], Vec::new())
+        self.commit_events(vec![EventKind::MessageDelta { text }])
             .await?;
         Ok(n)
     }
