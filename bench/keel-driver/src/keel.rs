@@ -90,6 +90,12 @@ max_tool_calls_breaker = 100000
 [agents.drift]
 enabled = false
 
+# No peer keeps a long-term memory: without this the local embedding model is
+# loaded at start-up (about 145 MB more peak RSS) for a workload that never
+# searches memory.
+[memory]
+embedder = "none"
+
 [[tools.http]]
 name = "lookup"
 description = "Look up a key and return its record as JSON."
@@ -246,5 +252,7 @@ mod tests {
         let drift = toml.find("[agents.drift]\nenabled = false\n");
         let tools = toml.find("[[tools.http]]");
         assert!(drift.is_some() && drift < tools, "{toml}");
+        let memory = toml.find("[memory]\nembedder = \"none\"\n");
+        assert!(memory.is_some() && memory < tools, "{toml}");
     }
 }
