@@ -512,3 +512,62 @@ async fn another_tenant_sees_nothing() {
         .await;
     browser.close().await;
 }
+
+#[tokio::test]
+async fn a_question_is_answered_from_the_run_page() {
+    // Asks for the furnace when the user named none, then reads it.
+    let model = FakeOpenAi::start(Script::handler(|req: &Value| {
+        let messages = req["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or(Value::Null);
+        if last["role"] == "tool" {
+            return Reply::text("Furnace F2 reported back; all done.");
+        }
+        let named = messages
+            .iter()
+            .any(|m| m["role"] == "user" && m["content"].as_str().unwrap_or("").contains("F2"));
+        if named {
+            Reply::tool_call("furnace_status", json!({"furnace_id": "F2"}))
+        } else {
+            Reply::tool_call("furnace_status", json!({}))
+        }
+    }))
+    .await;
+    let tools = ToolServer::start().await;
+    let keel = keel(&model, &tools).await;
+    let id = keel
+        .start_run("How is the furnace doing?", Some(KEY_ACME))
+        .await;
+    keel.wait_status(&id, "waiting_input", Some(KEY_ACME)).await;
+
+    let browser = Browser::start("answer").await;
+    browser.open(&keel, "/runs").await;
+    browser.use_key(KEY_ACME).await;
+    browser.open(&keel, &format!("/runs/{id}")).await;
+    let pending = browser.wait_for("#run-pending").await;
+    browser.wait_for("#answer-text").await;
+    let asked = pending.text().await.unwrap();
+    assert!(asked.contains("furnace_id"), "the question shows: {asked}");
+    browser.screenshot("question").await;
+    browser
+        .wait_for("#answer-text")
+        .await
+        .send_keys("Sorry, it is furnace F2.")
+        .await
+        .unwrap();
+    browser.click("#answer-send").await;
+    let run = keel.wait_status(&id, "completed", Some(KEY_ACME)).await;
+    assert_eq!(run["output"], "Furnace F2 reported back; all done.");
+    assert_eq!(tools.count("furnace"), 1);
+    browser
+        .wait_for("#timeline li[data-type='run_completed']")
+        .await;
+    let types = browser.timeline().await;
+    assert!(
+        keel_test_support::sse::is_subsequence(
+            &types,
+            &["clarification_needed", "tool_call", "tool_result", "final"]
+        ),
+        "{types:?}"
+    );
+    browser.close().await;
+}
