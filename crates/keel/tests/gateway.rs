@@ -989,6 +989,12 @@ fn slack_form_headers(body: &[u8], ts: u64, secret: &str) -> Vec<(&'static str, 
     headers
 }
 
+/// Posts a Slack interaction signed with the channel's secret.
+async fn slack_interaction(keel: &Keel, body: &[u8]) -> (u16, Value) {
+    let headers = slack_form_headers(body, unix_now(), SLACK_SECRET);
+    post(keel, "slack", &headers, body).await
+}
+
 /// A Slack `block_actions` interaction: form-encoded `payload=`, as Slack
 /// posts a button press.
 fn slack_click(user: &str, value: &str, response_url: &str, trigger: &str) -> Vec<u8> {
@@ -1062,13 +1068,7 @@ identities = [{{ channel = "slack", sender = "U0ALICE" }}]
         &response_url,
         "trig-1",
     );
-    let (code, body) = post(
-        &keel,
-        "slack",
-        &slack_form_headers(&click, unix_now(), SLACK_SECRET),
-        &click,
-    )
-    .await;
+    let (code, body) = slack_interaction(&keel, &click).await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["decided"], false);
     assert_eq!(tools.count("restart"), 0);
@@ -1089,13 +1089,7 @@ identities = [{{ channel = "slack", sender = "U0ALICE" }}]
         &response_url,
         "trig-2",
     );
-    let (code, body) = post(
-        &keel,
-        "slack",
-        &slack_form_headers(&click, unix_now(), SLACK_SECRET),
-        &click,
-    )
-    .await;
+    let (code, body) = slack_interaction(&keel, &click).await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["decided"], true, "{body}");
     keel.wait_status(&run_id, "completed", Some(KEY_ACME)).await;

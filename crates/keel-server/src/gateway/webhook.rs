@@ -141,7 +141,7 @@ async fn message(
         return Ok(ok(json!({ "refused": command.as_str() })));
     }
     if msg.command == Some(Command::Stop) {
-        if !first_sight(s, &msg).await? {
+        if !first_sight(s, &msg.tenant, &msg.channel, &msg.dedupe_id).await? {
             return Ok(ok(json!({ "duplicate": true })));
         }
         let stopped = stop_session(s, &msg.tenant, &route.session_key, &principal.id).await?;
@@ -158,7 +158,7 @@ async fn message(
     if msg.command.is_none()
         && let Some(waiting) = waiting_run(s, &msg.tenant, &route.session_key).await?
     {
-        if !first_sight(s, &msg).await? {
+        if !first_sight(s, &msg.tenant, &msg.channel, &msg.dedupe_id).await? {
             return Ok(ok(json!({ "duplicate": true })));
         }
         return match runtime.input(&msg.tenant, &waiting, msg.text.clone()).await {
@@ -219,11 +219,16 @@ async fn start(
     })))
 }
 
-/// Records the message; false when it was seen before.
-async fn first_sight(s: &AppState, msg: &Inbound) -> Result<bool, ApiError> {
+/// Records a channel's message or click; false when it was seen before.
+async fn first_sight(
+    s: &AppState,
+    tenant: &str,
+    channel: &str,
+    id: &str,
+) -> Result<bool, ApiError> {
     s.runtime
         .store()
-        .record_inbound(&msg.tenant, &msg.channel, &msg.dedupe_id)
+        .record_inbound(tenant, channel, id)
         .await
         .map_err(|e| from_core(e.into(), "channel"))
 }
@@ -303,13 +308,7 @@ async fn click(
     channel: &Channel,
     click: ApprovalClick,
 ) -> Result<Response, ApiError> {
-    if !s
-        .runtime
-        .store()
-        .record_inbound(&click.tenant, &click.channel, &click.dedupe_id)
-        .await
-        .map_err(|e| from_core(e.into(), "channel"))?
-    {
+    if !first_sight(s, &click.tenant, &click.channel, &click.dedupe_id).await? {
         return Ok(ok(json!({ "duplicate": true })));
     }
     let principal = gateway
