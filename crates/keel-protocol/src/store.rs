@@ -43,7 +43,10 @@ pub struct RunPatch {
     pub steps: Option<u32>,
     pub usage: Option<Usage>,
     pub error: Option<ErrorBody>,
-    pub state: Option<Value>,
+    /// The run's loop state as JSON text, stored as it is: the loop
+    /// serializes it once per commit and compares the text with what it
+    /// last wrote, so nothing builds a JSON tree for it on the way.
+    pub state: Option<String>,
 }
 
 /// One atomic write: events are numbered in order after the run's last seq.

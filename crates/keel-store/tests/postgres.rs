@@ -97,7 +97,7 @@ async fn data_survives_reconnect() {
                         handoff: false,
                     })),
                     steps: Some(2),
-                    state: Some(serde_json::json!({"counters": {"repeat": 1}})),
+                    state: Some(serde_json::json!({"counters": {"repeat": 1}}).to_string()),
                     ..RunPatch::default()
                 }),
             },

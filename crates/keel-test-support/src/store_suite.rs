@@ -521,7 +521,7 @@ pub async fn patch_semantics(store: &Arc<dyn Store>) {
                 pending: Some(Some(pending.clone())),
                 steps: Some(3),
                 usage: Some(usage),
-                state: Some(state.clone()),
+                state: Some(state.to_string()),
                 ..RunPatch::default()
             }),
         )

@@ -115,9 +115,9 @@ pub(crate) struct RunActor {
     /// The agent's system prompt, followed by the context a
     /// `before_prompt_build` hook gave this run (`metadata.prompt_context`).
     system_prompt: String,
-    /// The loop state as last stored: a commit that leaves it unchanged
-    /// does not write it again (most commits of a turn change only events).
-    written_state: serde_json::Value,
+    /// The loop state as last stored, as JSON text: a commit that leaves
+    /// it unchanged does not write it again.
+    written_state: String,
 }
 
 pub(crate) struct ActorInit {
@@ -133,7 +133,7 @@ impl RunActor {
     pub(crate) fn new(init: ActorInit) -> Self {
         let r = init.record;
         let state = LoopState::from_value(&r.state);
-        let written_state = r.state.clone();
+        let written_state = r.state.to_string();
         let client_tools = match crate::pipeline::client_tools(&state.client_tools) {
             Ok(set) => set,
             Err(e) => {
@@ -456,7 +456,8 @@ impl RunActor {
     ) -> Result<(), Exit> {
         patch.steps = Some(self.steps);
         patch.usage = Some(self.usage);
-        let state = self.state.to_value();
+        let state = serde_json::to_string(&self.state)
+            .map_err(|e| StoreError::Backend(format!("serializing the loop state: {e}")))?;
         let state_changed = state != self.written_state;
         if state_changed {
             patch.state = Some(state.clone());
@@ -518,9 +519,10 @@ impl RunActor {
     }
 
     /// Holds events and messages back until the next commit, which always
-    /// follows before the run waits or calls the model again. Saves one
+    /// follows before the run waits or calls the model again. Saves a
     /// transaction per tool turn; a crash in between loses only the model's
-    /// latest answer, which the resumed run asks for again.
+    /// latest answer (and the start of an idempotent call), which the
+    /// resumed run asks for again.
     fn hold(&mut self, events: Vec<EventKind>, messages: Vec<Message>) {
         self.history.extend(messages.iter().cloned());
         self.held.0.extend(events);

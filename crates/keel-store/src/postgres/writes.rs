@@ -242,7 +242,7 @@ pub(super) async fn apply_commit(
     .bind(patch.steps.map(i64::from))
     .bind(patch.usage.map(|u| to_json(&u, "usage")).transpose()?)
     .bind(patch.error.map(|e| to_json(&e, "error")).transpose()?)
-    .bind(patch.state.map(|s| to_json(&s, "state")).transpose()?)
+    .bind(patch.state)
     .bind(to_i64(seq, "last_seq")?)
     .bind(ts)
     .execute(&mut **tx)

@@ -181,7 +181,7 @@ pub(super) fn commit(
         patch.steps,
         patch.usage.map(|u| to_json(&u, "usage")).transpose()?,
         patch.error.map(|e| to_json(&e, "error")).transpose()?,
-        patch.state.map(|s| to_json(&s, "state")).transpose()?,
+        patch.state,
         to_i64(seq, "last_seq")?,
         ts_text,
     ])
