@@ -25,6 +25,7 @@ pub fn build(
         messages.push(Message::system(n));
     }
     ModelRequest {
+        cache: Default::default(),
         messages,
         tools,
         max_output_tokens: None,

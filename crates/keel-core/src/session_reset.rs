@@ -77,6 +77,7 @@ impl Runtime {
             ("fallback", "(the session had no messages)".to_owned())
         } else {
             let request = ModelRequest {
+                cache: Default::default(),
                 messages: vec![
                     Message::system(SUMMARY_PROMPT),
                     Message::user(keep_tail(&transcript, MAX_TRANSCRIPT_CHARS)),

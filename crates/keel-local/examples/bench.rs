@@ -56,6 +56,7 @@ fn operations_text(sentences: usize) -> String {
 /// A plain-text request (no tools: free decoding).
 fn plain(sentences: usize, max: u32) -> ModelRequest {
     ModelRequest {
+        cache: Default::default(),
         messages: vec![Message::user(operations_text(sentences))],
         tools: Vec::new(),
         max_output_tokens: Some(max),
@@ -72,6 +73,7 @@ fn with_tools(max: u32) -> ModelRequest {
         parameters,
     };
     ModelRequest {
+        cache: Default::default(),
         messages: vec![
             Message::system("You are the plant operations assistant."),
             Message::user(operations_text(5)),

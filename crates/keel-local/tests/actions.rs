@@ -65,6 +65,7 @@ const PROMPTS: [&str; 50] = [
 
 fn request(prompt: &str, tools: &[ToolSchema], max_output_tokens: Option<u32>) -> ModelRequest {
     ModelRequest {
+        cache: Default::default(),
         messages: vec![
             Message::system("You are the plant operations assistant."),
             Message::user(prompt),
@@ -169,6 +170,7 @@ async fn history_with_tool_use_still_gives_valid_actions() {
         arguments: r#"{"furnace_id":"F2"}"#.into(),
     };
     let request = ModelRequest {
+        cache: Default::default(),
         messages: vec![
             Message::system("You are the plant operations assistant."),
             Message::user("How is F2?"),

@@ -49,6 +49,7 @@ fn load(path: &Path, requantize: bool) -> LocalModel {
 
 async fn greedy(model: &LocalModel, prompt: &str) -> String {
     let request = ModelRequest {
+        cache: Default::default(),
         messages: vec![Message::user(prompt)],
         tools: Vec::new(),
         max_output_tokens: Some(12),

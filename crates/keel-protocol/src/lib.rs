@@ -21,7 +21,7 @@ pub use event::{
 pub use message::{Message, ToolCall};
 pub use model::{
     CLARIFY_TOOL, ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolSchema,
-    Understanding,
+    Understanding, WireCache,
 };
 pub use principal::Principal;
 pub use run::{Budget, ErrorBody, Pending, RunRecord, RunStatus, Usage};

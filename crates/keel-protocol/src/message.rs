@@ -4,14 +4,14 @@ use serde::{Deserialize, Serialize};
 
 /// One tool call as the model emitted it. `arguments` stays the raw text the
 /// model produced, so that malformed JSON can be reported back rather than lost.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
     pub arguments: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum Message {
     System {

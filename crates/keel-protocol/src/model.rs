@@ -1,5 +1,7 @@
 //! The model port: one call in, one decision out, text deltas streamed aside.
 
+use std::any::Any;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::channel::mpsc::UnboundedSender;
@@ -27,6 +29,41 @@ pub struct ModelRequest {
     /// Functions offered; empty means a tool-less call.
     pub tools: Vec<ToolSchema>,
     pub max_output_tokens: Option<u32>,
+    /// What the provider kept from the previous call of the same
+    /// conversation (a run passes the same cache to each of its calls).
+    /// The default, an empty cache, makes the request be built whole.
+    pub cache: WireCache,
+}
+
+/// A slot where a provider keeps, between the calls of one conversation,
+/// the wire form of the messages it already sent, so that a call encodes
+/// only the messages that are new. Its content is the provider's own
+/// business (the caller never reads it); a provider that finds another
+/// provider's content there starts afresh.
+#[derive(Clone, Default)]
+pub struct WireCache(Arc<Mutex<Option<Box<dyn Any + Send>>>>);
+
+impl WireCache {
+    /// Runs `f` on the cached `T`, a new one the first time (or when the
+    /// slot holds another type).
+    pub fn with<T: Default + Send + 'static, R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        // A panic while the slot was held leaves at worst a stale cache,
+        // which every user checks against the request before using it.
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(cached) = slot.as_mut().and_then(|b| b.downcast_mut::<T>()) {
+            return f(cached);
+        }
+        let mut fresh = T::default();
+        let out = f(&mut fresh);
+        *slot = Some(Box::new(fresh));
+        out
+    }
+}
+
+impl std::fmt::Debug for WireCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WireCache")
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

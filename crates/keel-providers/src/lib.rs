@@ -5,6 +5,7 @@
 //! models without native tool calling.
 
 pub mod anthropic;
+mod encoded;
 mod http;
 pub mod json_mode;
 pub mod openai;

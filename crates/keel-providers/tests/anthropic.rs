@@ -31,6 +31,7 @@ fn client(fake: &FakeAnthropic, stream: bool) -> AnthropicClient {
 
 fn ask(text: &str) -> ModelRequest {
     ModelRequest {
+        cache: Default::default(),
         messages: vec![Message::system("be brief"), Message::user(text)],
         tools: vec![],
         max_output_tokens: None,
@@ -230,6 +231,7 @@ async fn client_error_from_the_api_is_not_retried() {
     let client = client(&fake, true);
     // A call left unanswered: the fake rejects it with 400, like the real API.
     let request = ModelRequest {
+        cache: Default::default(),
         messages: vec![
             Message::user("hi"),
             Message::Assistant {

@@ -48,6 +48,7 @@ fn clarify_tool() -> ToolSchema {
 
 fn with_tools(text: &str) -> ModelRequest {
     ModelRequest {
+        cache: Default::default(),
         messages: vec![
             Message::system("You are a weather bot."),
             Message::user(text),
@@ -222,6 +223,7 @@ async fn tool_less_request_passes_through() {
     let fake = FakeOpenAi::start(Script::queue(vec![Reply::text(text)])).await;
     let client = json_mode(&fake);
     let request = ModelRequest {
+        cache: Default::default(),
         messages: vec![Message::system("be brief"), Message::user("hi")],
         tools: vec![],
         max_output_tokens: None,
@@ -284,6 +286,7 @@ async fn history_with_tool_results_is_rendered_as_text() {
     .await;
     let client = json_mode(&fake);
     let request = ModelRequest {
+        cache: Default::default(),
         messages: history_with_tool_use(),
         tools: vec![weather_tool(), clarify_tool()],
         max_output_tokens: None,
@@ -318,6 +321,7 @@ async fn history_with_tool_results_is_rendered_as_text() {
 
     // The loop's fallback call (no tools offered) over the same history.
     let request = ModelRequest {
+        cache: Default::default(),
         messages: history_with_tool_use(),
         tools: vec![],
         max_output_tokens: None,
@@ -352,6 +356,7 @@ async fn json_mode_over_anthropic_keeps_its_role_rules() {
     settings.timeout = Duration::from_secs(5);
     let client = JsonToolMode::new(Arc::new(AnthropicClient::new(settings).unwrap()));
     let request = ModelRequest {
+        cache: Default::default(),
         messages: history_with_tool_use(),
         tools: vec![weather_tool(), clarify_tool()],
         max_output_tokens: None,

@@ -30,6 +30,7 @@ fn client(fake: &FakeOpenAi, stream: bool) -> OpenAiClient {
 
 fn ask(text: &str) -> ModelRequest {
     ModelRequest {
+        cache: Default::default(),
         messages: vec![Message::system("be brief"), Message::user(text)],
         tools: vec![],
         max_output_tokens: None,

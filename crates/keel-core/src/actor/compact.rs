@@ -58,7 +58,9 @@ impl RunActor {
         note: Option<&str>,
     ) -> ModelRequest {
         let messages = self.state.course.view.render(&self.history);
-        prompt::build(&self.system_prompt, &messages, tools, note)
+        let mut request = prompt::build(&self.system_prompt, &messages, tools, note);
+        request.cache = self.wire_cache.clone();
+        request
     }
 
     /// The last line of defence: shrink old tool results until the prompt
@@ -134,6 +136,7 @@ impl RunActor {
         let transcript = transcript(older, max_chars);
         let answer_tokens = u32::try_from((window / 8).clamp(64, 1024)).unwrap_or(1024);
         let request = ModelRequest {
+            cache: Default::default(),
             messages: vec![
                 Message::system(SUMMARY_PROMPT),
                 Message::user(format!("The run so far:\n\n{transcript}")),

@@ -234,6 +234,7 @@ impl RunActor {
         }
         brief.push_str("\nAre these actions serving the goal? What should happen next?");
         let request = ModelRequest {
+            cache: Default::default(),
             messages: vec![Message::system(REFLECTION_PROMPT), Message::user(brief)],
             tools: Vec::new(),
             max_output_tokens: Some(REFLECTION_TOKENS),

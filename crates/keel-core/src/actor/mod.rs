@@ -118,6 +118,9 @@ pub(crate) struct RunActor {
     /// The loop state as last stored, as JSON text: a commit that leaves
     /// it unchanged does not write it again.
     written_state: String,
+    /// The provider's encoding of the history it was last sent: each model
+    /// call of the run encodes only what is new.
+    wire_cache: keel_protocol::WireCache,
 }
 
 pub(crate) struct ActorInit {
@@ -164,6 +167,7 @@ impl RunActor {
             metadata: r.metadata,
             system_prompt,
             written_state,
+            wire_cache: keel_protocol::WireCache::default(),
             run_id: r.id,
             status: r.status,
             input: r.input,

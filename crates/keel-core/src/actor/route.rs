@@ -65,6 +65,7 @@ impl RunActor {
                 .map(|t| format!("- {}: {}", t.name, t.description))
                 .collect();
             let request = ModelRequest {
+                cache: Default::default(),
                 messages: vec![
                     Message::system(format!("{ROUTE_PROMPT}\n\nTools:\n{}", listing.join("\n"))),
                     Message::user(self.input.clone()),

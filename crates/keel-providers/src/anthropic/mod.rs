@@ -203,9 +203,8 @@ impl ModelClient for AnthropicClient {
             request,
             self.settings.stream,
             self.settings.max_tokens,
-        );
-        let body = serde_json::to_vec(&body)
-            .map_err(|e| ModelError::Protocol(format!("cannot encode request: {e}")))?;
+        )
+        .map_err(|e| ModelError::Protocol(format!("cannot encode request: {e}")))?;
         tracing::debug!(
             model = %self.settings.model,
             endpoint = %self.endpoint,

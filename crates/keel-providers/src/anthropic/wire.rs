@@ -5,88 +5,200 @@
 //! the Messages API wants strictly alternating `user` / `assistant` turns with
 //! tool results as blocks of a user turn. The mapping below bridges the two.
 
-use keel_protocol::{Message, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall};
+use keel_protocol::{
+    Message, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall, ToolSchema,
+};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use crate::encoded::Encoded;
 use crate::http::excerpt;
 
 /// Stands in for a user turn the API requires but the history lacks (a
 /// conversation must start with `user`, and must not be empty).
 const CONTINUE_TEXT: &str = "(continue)";
 
-/// Builds the body for `POST {base_url}/v1/messages`.
+/// Builds the body for `POST {base_url}/v1/messages`, encoding only the
+/// messages (and tools) that changed since the conversation's last call.
 pub(crate) fn request_body(
     model: &str,
     request: &ModelRequest,
     stream: bool,
     default_max_tokens: u32,
-) -> Value {
-    let mut system = Vec::new();
-    let mut turns: Vec<Turn> = Vec::new();
-    for message in &request.messages {
-        match message {
-            // The API has no system role inside `messages`; every system
-            // message, wherever it sits, joins the top-level prompt.
-            Message::System { content } => {
-                if !content.trim().is_empty() {
-                    system.push(content.as_str());
-                }
+) -> Result<Vec<u8>, serde_json::Error> {
+    request
+        .cache
+        .with(|kept: &mut Kept| kept.body(model, request, stream, default_max_tokens))
+}
+
+/// What a Messages API client keeps between one conversation's calls.
+#[derive(Default)]
+pub(crate) struct Kept {
+    messages: Encoded<Part>,
+    tools: Option<(Vec<ToolSchema>, Vec<u8>)>,
+    last_len: usize,
+}
+
+/// One history message's share of the body. Turns are assembled from these
+/// at every call (merging is a matter of copying bytes), since where a
+/// message lands depends on its neighbours.
+enum Part {
+    /// Joins the top-level system prompt: the API has no system role
+    /// inside `messages`, so every system message, wherever it sits, goes there.
+    System(String),
+    Blocks {
+        role: Role,
+        blocks: Vec<Block>,
+    },
+}
+
+struct Block {
+    tool_result: bool,
+    json: Vec<u8>,
+}
+
+impl Block {
+    fn of(value: &Value) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            tool_result: value["type"] == "tool_result",
+            json: serde_json::to_vec(value)?,
+        })
+    }
+}
+
+fn part(message: &Message) -> Result<Part, serde_json::Error> {
+    let (role, blocks) = match message {
+        Message::System { content } => {
+            if content.trim().is_empty() {
+                return Ok(Part::Blocks {
+                    role: Role::User,
+                    blocks: Vec::new(),
+                });
             }
-            Message::User { content } => push(
-                &mut turns,
-                Role::User,
-                text_block(content).into_iter().collect(),
-            ),
-            Message::Assistant {
-                content,
-                tool_calls,
-            } => {
-                let mut blocks: Vec<Value> = text_block(content).into_iter().collect();
-                blocks.extend(tool_calls.iter().map(tool_use_block));
-                push(&mut turns, Role::Assistant, blocks);
+            return Ok(Part::System(content.clone()));
+        }
+        Message::User { content } => (Role::User, text_block(content).into_iter().collect()),
+        Message::Assistant {
+            content,
+            tool_calls,
+        } => {
+            let mut blocks: Vec<Value> = text_block(content).into_iter().collect();
+            blocks.extend(tool_calls.iter().map(tool_use_block));
+            (Role::Assistant, blocks)
+        }
+        Message::Tool {
+            call_id,
+            content,
+            is_error,
+            ..
+        } => {
+            let mut block = json!({ "type": "tool_result", "tool_use_id": call_id });
+            // An empty result is sent without `content`, which the API
+            // accepts, rather than as an empty text it may refuse.
+            if !content.is_empty() {
+                block["content"] = json!(content);
             }
-            Message::Tool {
-                call_id,
-                content,
-                is_error,
-                ..
-            } => {
-                let mut block = json!({ "type": "tool_result", "tool_use_id": call_id });
-                // An empty result is sent without `content`, which the API
-                // accepts, rather than as an empty text it may refuse.
-                if !content.is_empty() {
-                    block["content"] = json!(content);
-                }
-                if *is_error {
-                    block["is_error"] = json!(true);
-                }
-                push(&mut turns, Role::User, vec![block]);
+            if *is_error {
+                block["is_error"] = json!(true);
+            }
+            (Role::User, vec![block])
+        }
+    };
+    Ok(Part::Blocks {
+        role,
+        blocks: blocks.iter().map(Block::of).collect::<Result<_, _>>()?,
+    })
+}
+
+impl Kept {
+    fn body(
+        &mut self,
+        model: &str,
+        request: &ModelRequest,
+        stream: bool,
+        default_max_tokens: u32,
+    ) -> Result<Vec<u8>, serde_json::Error> {
+        let mut system: Vec<&str> = Vec::new();
+        let mut turns: Vec<(Role, Vec<&Block>)> = Vec::new();
+        for part in self.messages.update(&request.messages, part)? {
+            match part {
+                Part::System(text) => system.push(text),
+                Part::Blocks { blocks, .. } if blocks.is_empty() => {}
+                // The API requires roles to alternate: same-role messages
+                // share one turn.
+                Part::Blocks { role, blocks } => match turns.last_mut() {
+                    Some((last, merged)) if last == role => merged.extend(blocks),
+                    _ => turns.push((*role, blocks.iter().collect())),
+                },
             }
         }
+        let mut out = Vec::with_capacity(self.last_len + 512);
+        out.extend_from_slice(b"{\"model\":");
+        serde_json::to_writer(&mut out, model)?;
+        out.extend_from_slice(b",\"max_tokens\":");
+        serde_json::to_writer(
+            &mut out,
+            &request.max_output_tokens.unwrap_or(default_max_tokens),
+        )?;
+        out.extend_from_slice(b",\"messages\":[");
+        // A conversation must start with `user`, and must not be empty.
+        if turns.first().is_none_or(|(role, _)| *role != Role::User) {
+            out.extend_from_slice(b"{\"role\":\"user\",\"content\":[");
+            serde_json::to_writer(&mut out, &json!({ "type": "text", "text": CONTINUE_TEXT }))?;
+            out.extend_from_slice(b"]}");
+            if !turns.is_empty() {
+                out.push(b',');
+            }
+        }
+        for (i, (role, blocks)) in turns.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(match role {
+                Role::User => b"{\"role\":\"user\",\"content\":[",
+                Role::Assistant => b"{\"role\":\"assistant\",\"content\":[",
+            });
+            // Within a user turn, tool results go first: the API wants them
+            // before any text that follows a tool use.
+            let ordered: Vec<&&Block> = match role {
+                Role::User => blocks
+                    .iter()
+                    .filter(|b| b.tool_result)
+                    .chain(blocks.iter().filter(|b| !b.tool_result))
+                    .collect(),
+                Role::Assistant => blocks.iter().collect(),
+            };
+            for (j, block) in ordered.iter().enumerate() {
+                if j > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&block.json);
+            }
+            out.extend_from_slice(b"]}");
+        }
+        out.extend_from_slice(b"],\"stream\":");
+        out.extend_from_slice(if stream { b"true" } else { b"false" });
+        if !system.is_empty() {
+            out.extend_from_slice(b",\"system\":");
+            serde_json::to_writer(&mut out, &system.join("\n\n"))?;
+        }
+        if !request.tools.is_empty() {
+            out.extend_from_slice(b",\"tools\":");
+            out.extend_from_slice(tools_json(&mut self.tools, &request.tools)?);
+        }
+        out.push(b'}');
+        self.last_len = out.len();
+        Ok(out)
     }
-    if turns.first().is_none_or(|t| t.role != Role::User) {
-        turns.insert(
-            0,
-            Turn {
-                role: Role::User,
-                blocks: vec![json!({ "type": "text", "text": CONTINUE_TEXT })],
-            },
-        );
-    }
-    let messages: Vec<Value> = turns.into_iter().map(Turn::into_wire).collect();
-    let mut body = json!({
-        "model": model,
-        "max_tokens": request.max_output_tokens.unwrap_or(default_max_tokens),
-        "messages": messages,
-        "stream": stream,
-    });
-    if !system.is_empty() {
-        body["system"] = json!(system.join("\n\n"));
-    }
-    if !request.tools.is_empty() {
-        let tools: Vec<Value> = request
-            .tools
+}
+
+/// The tools array, encoded again only when the offered tools changed.
+fn tools_json<'a>(
+    kept: &'a mut Option<(Vec<ToolSchema>, Vec<u8>)>,
+    tools: &[ToolSchema],
+) -> Result<&'a [u8], serde_json::Error> {
+    if kept.as_ref().is_none_or(|(offered, _)| offered != tools) {
+        let wire: Vec<Value> = tools
             .iter()
             .map(|t| {
                 // `input_schema` must be an object schema; a tool without
@@ -99,53 +211,15 @@ pub(crate) fn request_body(
                 json!({ "name": t.name, "description": t.description, "input_schema": schema })
             })
             .collect();
-        body["tools"] = Value::Array(tools);
+        *kept = Some((tools.to_vec(), serde_json::to_vec(&wire)?));
     }
-    body
+    Ok(kept.as_ref().map_or(&[][..], |(_, json)| json.as_slice()))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     User,
     Assistant,
-}
-
-struct Turn {
-    role: Role,
-    blocks: Vec<Value>,
-}
-
-impl Turn {
-    fn into_wire(self) -> Value {
-        let role = match self.role {
-            Role::User => "user",
-            Role::Assistant => "assistant",
-        };
-        json!({ "role": role, "content": self.blocks })
-    }
-}
-
-/// Appends blocks, merging into the previous turn when it has the same role,
-/// since the API requires roles to alternate. Within a user turn, tool results
-/// go first: the API wants them before any text that follows a tool use.
-fn push(turns: &mut Vec<Turn>, role: Role, blocks: Vec<Value>) {
-    if blocks.is_empty() {
-        return;
-    }
-    match turns.last_mut() {
-        Some(last) if last.role == role => {
-            last.blocks.extend(blocks);
-            if role == Role::User {
-                let (mut results, rest): (Vec<Value>, Vec<Value>) = last
-                    .blocks
-                    .drain(..)
-                    .partition(|b| b["type"] == "tool_result");
-                results.extend(rest);
-                last.blocks = results;
-            }
-        }
-        _ => turns.push(Turn { role, blocks }),
-    }
 }
 
 /// The API refuses empty text blocks, so empty text contributes none.
@@ -336,7 +410,10 @@ fn error_text(error: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keel_protocol::ToolSchema;
+
+    fn body_value(request: &ModelRequest, stream: bool) -> Value {
+        serde_json::from_slice(&request_body("claude", request, stream, 4096).unwrap()).unwrap()
+    }
 
     fn call(id: &str, args: &str) -> ToolCall {
         ToolCall {
@@ -381,8 +458,11 @@ mod tests {
                 parameters: Value::Null,
             }],
             max_output_tokens: None,
+            ..Default::default()
         };
-        let body = request_body("claude", &request, false, 4096);
+        let body = body_value(&request, false);
+        assert_eq!(body["model"], "claude");
+        assert_eq!(body["stream"], false);
         assert_eq!(body["system"], "one\n\ntwo");
         assert_eq!(body["max_tokens"], 4096);
         assert_eq!(body["tools"][0]["input_schema"]["type"], "object");
@@ -409,6 +489,79 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_conversation_sends_what_a_fresh_one_does() {
+        let cache = keel_protocol::WireCache::default();
+        let mut messages = vec![Message::system("one"), Message::user("u")];
+        let mut tools = vec![ToolSchema {
+            name: "f".into(),
+            description: "d".into(),
+            parameters: json!({"type":"object"}),
+        }];
+        for turn in 0..6 {
+            if turn == 3 {
+                messages[1] = Message::user("summary of the first turns");
+                tools.truncate(0);
+            }
+            let id = format!("c{turn}");
+            messages.push(Message::Assistant {
+                content: if turn % 2 == 0 {
+                    String::new()
+                } else {
+                    "looking".into()
+                },
+                tool_calls: vec![call(&id, "{\"x\":1}")],
+            });
+            messages.push(result(&id, &format!("r{turn}"), turn == 1));
+            if turn == 4 {
+                messages.push(Message::system("a note"));
+                messages.push(Message::user("and F4?"));
+            }
+            let kept = ModelRequest {
+                messages: messages.clone(),
+                tools: tools.clone(),
+                max_output_tokens: None,
+                cache: cache.clone(),
+            };
+            let fresh = ModelRequest {
+                cache: Default::default(),
+                ..kept.clone()
+            };
+            assert_eq!(
+                request_body("claude", &kept, true, 99).unwrap(),
+                request_body("claude", &fresh, true, 99).unwrap(),
+                "turn {turn}"
+            );
+        }
+        let body = body_value(
+            &ModelRequest {
+                cache: Default::default(),
+                messages,
+                tools,
+                max_output_tokens: None,
+                cache,
+            },
+            false,
+        );
+        assert_eq!(body["system"], "one\n\na note");
+        let turns = body["messages"].as_array().unwrap();
+        assert_eq!(turns.len(), 13, "{turns:?}");
+        assert_eq!(turns[0]["content"][0]["text"], "summary of the first turns");
+        // The results of turn 4 come before the user's text in the same turn.
+        assert_eq!(turns[10]["content"][0]["type"], "tool_result");
+        assert_eq!(turns[10]["content"][1]["text"], "and F4?");
+        assert!(body.get("tools").is_none());
+    }
+
+    #[test]
+    fn an_empty_conversation_is_one_placeholder_turn() {
+        let body = body_value(&ModelRequest::default(), false);
+        assert_eq!(
+            body["messages"],
+            json!([{"role":"user","content":[{"type":"text","text":"(continue)"}]}])
+        );
+    }
+
+    #[test]
     fn conversation_not_starting_with_user_gets_a_placeholder() {
         let request = ModelRequest {
             messages: vec![Message::Assistant {
@@ -417,8 +570,9 @@ mod tests {
             }],
             tools: vec![],
             max_output_tokens: Some(9),
+            ..Default::default()
         };
-        let body = request_body("claude", &request, true, 4096);
+        let body = body_value(&request, true);
         assert_eq!(body["messages"][0]["role"], "user");
         assert_eq!(body["messages"][1]["role"], "assistant");
         assert_eq!(body["max_tokens"], 9);

@@ -80,6 +80,7 @@ impl ModelClient for JsonToolMode {
                 return self.inner.complete(request, deltas).await;
             }
             let rendered = ModelRequest {
+                cache: request.cache.clone(),
                 messages: prompt::render(&request.messages, None),
                 tools: Vec::new(),
                 max_output_tokens: request.max_output_tokens,
@@ -89,6 +90,7 @@ impl ModelClient for JsonToolMode {
 
         let protocol = prompt::protocol(&request.tools);
         let mut inner_request = ModelRequest {
+            cache: request.cache.clone(),
             messages: prompt::render(&request.messages, Some(&protocol)),
             tools: Vec::new(),
             max_output_tokens: request.max_output_tokens,

@@ -181,8 +181,7 @@ impl ModelClient for OpenAiClient {
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
     ) -> Result<ModelResponse, ModelError> {
-        let body = wire::request_body(&self.settings.model, request, self.settings.stream);
-        let body = serde_json::to_vec(&body)
+        let body = wire::request_body(&self.settings.model, request, self.settings.stream)
             .map_err(|e| ModelError::Protocol(format!("cannot encode request: {e}")))?;
         tracing::debug!(
             model = %self.settings.model,

@@ -1,80 +1,177 @@
 //! The Chat Completions wire format: what keel sends and how a whole
 //! (non-streamed) reply is read back.
 
-use keel_protocol::{Message, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use keel_protocol::{
+    Message, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall, ToolSchema,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
+use crate::encoded::Encoded;
 use crate::http::excerpt;
 
-/// Builds the body for `POST {base_url}/chat/completions`.
-pub(crate) fn request_body(model: &str, request: &ModelRequest, stream: bool) -> Value {
-    let messages: Vec<Value> = request.messages.iter().map(message_to_wire).collect();
-    let mut body = json!({
-        "model": model,
-        "messages": messages,
-        "stream": stream,
-    });
-    if stream {
-        body["stream_options"] = json!({ "include_usage": true });
-    }
-    if !request.tools.is_empty() {
-        let tools: Vec<Value> = request
-            .tools
-            .iter()
-            .map(|t| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": t.parameters,
-                    }
-                })
-            })
-            .collect();
-        body["tools"] = Value::Array(tools);
-        body["tool_choice"] = json!("auto");
-    }
-    if let Some(max) = request.max_output_tokens {
-        body["max_tokens"] = json!(max);
-    }
-    body
+/// Builds the body for `POST {base_url}/chat/completions`, encoding only
+/// the messages (and tools) that changed since the conversation's last call.
+pub(crate) fn request_body(
+    model: &str,
+    request: &ModelRequest,
+    stream: bool,
+) -> Result<Vec<u8>, serde_json::Error> {
+    request
+        .cache
+        .with(|kept: &mut Kept| kept.body(model, request, stream))
 }
 
-fn message_to_wire(message: &Message) -> Value {
-    match message {
-        Message::System { content } => json!({ "role": "system", "content": content }),
-        Message::User { content } => json!({ "role": "user", "content": content }),
-        Message::Assistant {
-            content,
-            tool_calls,
-        } => {
-            if tool_calls.is_empty() {
-                return json!({ "role": "assistant", "content": content });
+/// What a Chat Completions client keeps between one conversation's calls.
+#[derive(Default)]
+pub(crate) struct Kept {
+    messages: Encoded<Vec<u8>>,
+    tools: Option<(Vec<ToolSchema>, Vec<u8>)>,
+    last_len: usize,
+}
+
+impl Kept {
+    fn body(
+        &mut self,
+        model: &str,
+        request: &ModelRequest,
+        stream: bool,
+    ) -> Result<Vec<u8>, serde_json::Error> {
+        let mut out = Vec::with_capacity(self.last_len + 512);
+        out.extend_from_slice(b"{\"model\":");
+        serde_json::to_writer(&mut out, model)?;
+        out.extend_from_slice(b",\"messages\":[");
+        let messages = self.messages.update(&request.messages, |m| {
+            serde_json::to_vec(&SentMessage::of(m))
+        })?;
+        for (i, m) in messages.enumerate() {
+            if i > 0 {
+                out.push(b',');
             }
-            // The API wants `null`, not "", beside tool calls; some servers reject "".
-            let content = if content.is_empty() {
-                Value::Null
-            } else {
-                json!(content)
-            };
-            let calls: Vec<Value> = tool_calls
-                .iter()
-                .map(|c| {
-                    json!({
-                        "id": c.id,
-                        "type": "function",
-                        "function": { "name": c.name, "arguments": c.arguments },
-                    })
-                })
-                .collect();
-            json!({ "role": "assistant", "content": content, "tool_calls": calls })
+            out.extend_from_slice(m);
         }
-        Message::Tool {
-            call_id, content, ..
-        } => json!({ "role": "tool", "tool_call_id": call_id, "content": content }),
+        out.extend_from_slice(b"],\"stream\":");
+        out.extend_from_slice(if stream { b"true" } else { b"false" });
+        if stream {
+            out.extend_from_slice(b",\"stream_options\":{\"include_usage\":true}");
+        }
+        if !request.tools.is_empty() {
+            out.extend_from_slice(b",\"tools\":");
+            out.extend_from_slice(tools_json(&mut self.tools, &request.tools)?);
+            out.extend_from_slice(b",\"tool_choice\":\"auto\"");
+        }
+        if let Some(max) = request.max_output_tokens {
+            out.extend_from_slice(b",\"max_tokens\":");
+            serde_json::to_writer(&mut out, &max)?;
+        }
+        out.push(b'}');
+        self.last_len = out.len();
+        Ok(out)
     }
+}
+
+/// The tools array, encoded again only when the offered tools changed.
+fn tools_json<'a>(
+    kept: &'a mut Option<(Vec<ToolSchema>, Vec<u8>)>,
+    tools: &[ToolSchema],
+) -> Result<&'a [u8], serde_json::Error> {
+    if kept.as_ref().is_none_or(|(offered, _)| offered != tools) {
+        let wire: Vec<SentTool<'_>> = tools
+            .iter()
+            .map(|t| SentTool {
+                kind: "function",
+                function: SentFunctionSpec {
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: &t.parameters,
+                },
+            })
+            .collect();
+        *kept = Some((tools.to_vec(), serde_json::to_vec(&wire)?));
+    }
+    Ok(kept.as_ref().map_or(&[][..], |(_, json)| json.as_slice()))
+}
+
+/// One message as Chat Completions wants it.
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum SentMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: &'a str,
+    },
+    Assistant {
+        /// The API wants `null`, not "", beside tool calls; some servers reject "".
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<SentCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+impl<'a> SentMessage<'a> {
+    fn of(message: &'a Message) -> Self {
+        match message {
+            Message::System { content } => Self::System { content },
+            Message::User { content } => Self::User { content },
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => Self::Assistant {
+                content: (tool_calls.is_empty() || !content.is_empty()).then_some(content.as_str()),
+                tool_calls: tool_calls
+                    .iter()
+                    .map(|c| SentCall {
+                        id: &c.id,
+                        kind: "function",
+                        function: SentFunction {
+                            name: &c.name,
+                            arguments: &c.arguments,
+                        },
+                    })
+                    .collect(),
+            },
+            Message::Tool {
+                call_id, content, ..
+            } => Self::Tool {
+                tool_call_id: call_id,
+                content,
+            },
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct SentCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: SentFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct SentFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct SentTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: SentFunctionSpec<'a>,
+}
+
+#[derive(Serialize)]
+struct SentFunctionSpec<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -280,7 +377,88 @@ fn error_text(error: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keel_protocol::ToolSchema;
+    use serde_json::json;
+
+    fn body_value(model: &str, request: &ModelRequest, stream: bool) -> Value {
+        serde_json::from_slice(&request_body(model, request, stream).unwrap()).unwrap()
+    }
+
+    fn call(id: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: "lookup".into(),
+            arguments: format!("{{\"key\":\"{id}\"}}"),
+        }
+    }
+
+    #[test]
+    fn a_kept_conversation_sends_what_a_fresh_one_does() {
+        let tools = vec![ToolSchema {
+            name: "lookup".into(),
+            description: "d".into(),
+            parameters: json!({"type":"object"}),
+        }];
+        let cache = keel_protocol::WireCache::default();
+        let mut messages = vec![Message::system("s"), Message::user("u \"quoted\" \u{e9}")];
+        let mut offered = tools.clone();
+        for turn in 0..6 {
+            if turn == 3 {
+                // A compaction rewrites the middle; the tools change too.
+                messages[1] = Message::user("summary");
+                offered.push(ToolSchema {
+                    name: "clarify".into(),
+                    description: "ask".into(),
+                    parameters: json!({"type":"object","properties":{}}),
+                });
+            }
+            let id = format!("c{turn}");
+            messages.push(Message::Assistant {
+                content: if turn % 2 == 0 {
+                    String::new()
+                } else {
+                    "thinking".into()
+                },
+                tool_calls: vec![call(&id)],
+            });
+            messages.push(Message::Tool {
+                call_id: id,
+                name: "lookup".into(),
+                content: format!("result {turn}"),
+                is_error: turn == 2,
+            });
+            let kept = ModelRequest {
+                messages: messages.clone(),
+                tools: offered.clone(),
+                max_output_tokens: None,
+                cache: cache.clone(),
+            };
+            let fresh = ModelRequest {
+                cache: Default::default(),
+                ..kept.clone()
+            };
+            assert_eq!(
+                request_body("m", &kept, false).unwrap(),
+                request_body("m", &fresh, false).unwrap(),
+                "turn {turn}"
+            );
+        }
+        let body = body_value(
+            "m",
+            &ModelRequest {
+                cache: Default::default(),
+                messages: messages.clone(),
+                tools: offered,
+                max_output_tokens: None,
+                cache,
+            },
+            false,
+        );
+        assert_eq!(body["messages"].as_array().unwrap().len(), messages.len());
+        assert_eq!(body["messages"][1]["content"], "summary");
+        assert_eq!(body["messages"][2]["content"], Value::Null);
+        assert_eq!(body["messages"][4]["content"], "thinking");
+        assert_eq!(body["tools"][1]["function"]["name"], "clarify");
+    }
 
     #[test]
     fn assistant_with_calls_sends_null_content_and_tool_messages_answer_them() {
@@ -305,8 +483,11 @@ mod tests {
             ],
             tools: vec![],
             max_output_tokens: Some(7),
+            ..Default::default()
         };
-        let body = request_body("m", &request, false);
+        let body = body_value("m", &request, false);
+        assert_eq!(body["messages"][0], json!({"role":"system","content":"s"}));
+        assert_eq!(body["messages"][1], json!({"role":"user","content":"u"}));
         assert_eq!(body["max_tokens"], 7);
         assert!(body.get("tools").is_none());
         assert!(body.get("tool_choice").is_none());
@@ -332,8 +513,11 @@ mod tests {
                 parameters: json!({"type":"object"}),
             }],
             max_output_tokens: None,
+            ..Default::default()
         };
-        let body = request_body("m", &request, true);
+        let body = body_value("m", &request, true);
+        assert_eq!(body["model"], "m");
+        assert_eq!(body["stream"], true);
         assert_eq!(body["tool_choice"], "auto");
         assert_eq!(body["tools"][0]["function"]["name"], "f");
         assert_eq!(body["stream_options"]["include_usage"], true);

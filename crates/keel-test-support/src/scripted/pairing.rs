@@ -250,6 +250,7 @@ mod tests {
             parameters,
         };
         let r = ModelRequest {
+            cache: Default::default(),
             messages: vec![],
             tools: vec![
                 schema("t", json!({})),
