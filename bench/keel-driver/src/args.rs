@@ -30,10 +30,14 @@ pub struct Opts {
     /// A new TCP connection per run instead of keep-alive (to see how the
     /// SSE tail latency depends on the connection's ACK state).
     pub fresh_conn: bool,
+    /// `postgres://…` of a server where the driver may create a database:
+    /// keel then runs on PostgreSQL, in a database of its own made for this
+    /// process and dropped at its end. Unset: keel's default SQLite file.
+    pub database_url: Option<String>,
 }
 
 const USAGE: &str = "usage: keel-driver --base-url URL [--mode seq|conc] [--k N] [--runs N] \
-[--warmup N] [--min-time S] [--label L] [--max-batches N] [--wait auto|sse|poll] [--poll-ms MS] [--fresh-conn] [--keep]";
+[--warmup N] [--min-time S] [--label L] [--max-batches N] [--wait auto|sse|poll] [--poll-ms MS] [--fresh-conn] [--keep] [--database-url postgres://…]";
 
 pub fn parse() -> Result<Opts, String> {
     let mut o = Opts {
@@ -49,6 +53,7 @@ pub fn parse() -> Result<Opts, String> {
         poll: Duration::from_millis(1),
         keep: false,
         fresh_conn: false,
+        database_url: None,
     };
     let mut wait: Option<Wait> = None;
     let mut args = std::env::args().skip(1);
@@ -90,6 +95,12 @@ pub fn parse() -> Result<Opts, String> {
                     "poll" => Some(Wait::Poll),
                     _ => return Err(bad("auto, sse or poll")),
                 }
+            }
+            "--database-url" => {
+                if !value.starts_with("postgres://") && !value.starts_with("postgresql://") {
+                    return Err(bad("a postgres:// URL"));
+                }
+                o.database_url = Some(value);
             }
             "--poll-ms" => {
                 let ms: f64 = value.parse().map_err(|_| bad("a number"))?;

@@ -50,8 +50,19 @@ fn toml_str(s: &str) -> String {
     serde_json::Value::String(s.to_owned()).to_string()
 }
 
-pub fn config(data_dir: &Path, llm_base_url: &str, tool_addr: SocketAddr) -> String {
+pub fn config(
+    data_dir: &Path,
+    database_url: Option<&str>,
+    llm_base_url: &str,
+    tool_addr: SocketAddr,
+) -> String {
     let data_dir = toml_str(&data_dir.to_string_lossy());
+    let database = database_url.map_or_else(String::new, |u| {
+        format!(
+            "database_url = {}                 # PostgreSQL\n",
+            toml_str(u)
+        )
+    });
     let base_url = toml_str(llm_base_url);
     let prompt = toml_str(SYSTEM_PROMPT);
     let lookup_url = toml_str(&format!("http://{tool_addr}/lookup?key={{key}}"));
@@ -60,7 +71,7 @@ pub fn config(data_dir: &Path, llm_base_url: &str, tool_addr: SocketAddr) -> Str
 [server]
 bind = "127.0.0.1:0"
 data_dir = {data_dir}
-
+{database}
 [[providers]]
 name = "fake"
 kind = "openai"
@@ -246,6 +257,7 @@ mod tests {
     fn config_turns_drift_off() {
         let toml = config(
             Path::new("data"),
+            None,
             "http://127.0.0.1:1/v1",
             ([127, 0, 0, 1], 2).into(),
         );
@@ -254,5 +266,20 @@ mod tests {
         assert!(drift.is_some() && drift < tools, "{toml}");
         let memory = toml.find("[memory]\nembedder = \"none\"\n");
         assert!(memory.is_some() && memory < tools, "{toml}");
+        assert!(!toml.contains("database_url"), "{toml}");
+    }
+
+    #[test]
+    fn config_names_the_database() {
+        let toml = config(
+            Path::new("data"),
+            Some("postgres://127.0.0.1/keel_bench_1"),
+            "http://127.0.0.1:1/v1",
+            ([127, 0, 0, 1], 2).into(),
+        );
+        assert!(
+            toml.contains("database_url = \"postgres://127.0.0.1/keel_bench_1\""),
+            "{toml}"
+        );
     }
 }

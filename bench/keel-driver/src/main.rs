@@ -10,6 +10,7 @@ mod args;
 mod backend;
 mod client;
 mod keel;
+mod pg;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -83,14 +84,47 @@ async fn main_async(o: Opts) -> Result<(), String> {
         .await
         .map_err(|e| format!("lookup backend: {e}"))?;
     let tmp = TempDir::new().map_err(|e| format!("temp dir: {e}"))?;
+    let database = match &o.database_url {
+        Some(admin) => Some(pg::Database::create(admin).await?),
+        None => None,
+    };
+    let result = with_database(
+        &o,
+        &bin,
+        tool_addr,
+        &tmp,
+        database.as_ref().map(|d| d.url.as_str()),
+    )
+    .await;
+    if let Some(db) = database {
+        db.drop_now().await;
+    }
+    if !o.keep {
+        let _ = std::fs::remove_dir_all(&tmp.0);
+    }
+    let mut res = result?;
+    res.insert("lookup_requests".into(), json!(lookups.get()));
+    res.insert("keel_bin".into(), json!(bin.display().to_string()));
+    println!("RESULT {}", Value::Object(res));
+    Ok(())
+}
+
+/// Starts keel on its store, measures, stops it.
+async fn with_database(
+    o: &Opts,
+    bin: &std::path::Path,
+    tool_addr: std::net::SocketAddr,
+    tmp: &TempDir,
+    database_url: Option<&str>,
+) -> Result<serde_json::Map<String, Value>, String> {
     let config_path = tmp.0.join("keel.toml");
     std::fs::write(
         &config_path,
-        keel::config(&tmp.0.join("data"), &o.base_url, tool_addr),
+        keel::config(&tmp.0.join("data"), database_url, &o.base_url, tool_addr),
     )
     .map_err(|e| format!("writing {}: {e}", config_path.display()))?;
-    keel::check(&bin, &config_path).await?;
-    let server = keel::Server::start(&bin, &config_path).await?;
+    keel::check(bin, &config_path).await?;
+    let server = keel::Server::start(bin, &config_path).await?;
     eprintln!(
         "keel-driver: keel {} pid {} on {} (lookup on {tool_addr}, data in {})",
         bin.display(),
@@ -99,22 +133,26 @@ async fn main_async(o: Opts) -> Result<(), String> {
         tmp.0.display()
     );
     let client = Client::new(&server.url, o.wait, o.poll, o.fresh_conn)?;
-    let outcome = bench(&o, &client, server.pid).await;
+    let outcome = bench(o, &client, server.pid).await;
     let peak_rss_kb = keel::status_kb(server.pid, "VmHWM");
     let end_rss_kb = keel::status_kb(server.pid, "VmRSS");
     let threads = keel::status_kb(server.pid, "Threads");
     server.stop().await;
-    if !o.keep {
-        let _ = std::fs::remove_dir_all(&tmp.0);
-    }
-    let mut res = outcome?;
-    let obj = res.as_object_mut().ok_or("result is not an object")?;
+    let Value::Object(mut obj) = outcome? else {
+        return Err("result is not an object".into());
+    };
     obj.insert("proc_peak_rss_kb".into(), json!(peak_rss_kb));
     obj.insert("proc_end_rss_kb".into(), json!(end_rss_kb));
     obj.insert("proc_threads".into(), json!(threads));
-    obj.insert("lookup_requests".into(), json!(lookups.get()));
-    obj.insert("keel_bin".into(), json!(bin.display().to_string()));
     obj.insert("llm_wire".into(), json!("json"));
+    obj.insert(
+        "store".into(),
+        json!(if database_url.is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        }),
+    );
     obj.insert("fresh_conn".into(), json!(o.fresh_conn));
     obj.insert(
         "wait".into(),
@@ -123,8 +161,7 @@ async fn main_async(o: Opts) -> Result<(), String> {
             Wait::Poll => format!("poll {} ms", o.poll.as_secs_f64() * 1e3),
         }),
     );
-    println!("RESULT {res}");
-    Ok(())
+    Ok(obj)
 }
 
 fn median(v: &[f64]) -> f64 {
