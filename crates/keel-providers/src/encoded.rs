@@ -135,11 +135,13 @@ mod tests {
     fn a_failed_encoding_keeps_what_was_valid() {
         let mut cache: Encoded<String> = Encoded::default();
         let history = vec![Message::user("a"), Message::user("b"), Message::user("c")];
-        let failed = cache.update(&history, |m| match m {
-            Message::User { content } if content == "c" => Err(()),
-            m => Ok(serde_json::to_string(m).unwrap()),
-        });
-        assert!(failed.is_err());
+        let failed = cache
+            .update(&history, |m| match m {
+                Message::User { content } if content == "c" => Err(()),
+                m => Ok(serde_json::to_string(m).unwrap()),
+            })
+            .is_err();
+        assert!(failed);
         assert_eq!(cache.len(), 2);
         let got: Vec<String> = cache
             .update(&history, |m| Ok::<_, ()>(serde_json::to_string(m).unwrap()))

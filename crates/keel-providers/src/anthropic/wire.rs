@@ -534,7 +534,6 @@ mod tests {
         }
         let body = body_value(
             &ModelRequest {
-                cache: Default::default(),
                 messages,
                 tools,
                 max_output_tokens: None,

@@ -445,7 +445,6 @@ mod tests {
         let body = body_value(
             "m",
             &ModelRequest {
-                cache: Default::default(),
                 messages: messages.clone(),
                 tools: offered,
                 max_output_tokens: None,
