@@ -5,6 +5,8 @@
 //! models without native tool calling.
 
 pub mod anthropic;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 pub mod json_mode;
 pub mod openai;

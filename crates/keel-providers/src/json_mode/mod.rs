@@ -100,17 +100,19 @@ impl ModelClient for JsonToolMode {
             let response = self.inner.complete(&inner_request, None).await?;
             usage.prompt_tokens += response.usage.prompt_tokens;
             usage.completion_tokens += response.usage.completion_tokens;
-            let problem = match action::parse_with_understanding(&response.text) {
-                Ok((action, understanding)) => {
+            let problem = match read_action(
+                &response.text,
+                usage,
+                response.finish_reason.clone(),
+                deltas.as_ref(),
+            ) {
+                Ok((response, action)) => {
                     tracing::debug!(
                         model = %self.inner.model_name(),
                         repairs,
-                        action = action_name(&action),
+                        action,
                         "json-mode action"
                     );
-                    let mut response =
-                        into_response(action, usage, response.finish_reason, deltas.as_ref());
-                    response.understanding = understanding;
                     return Ok(response);
                 }
                 Err(problem) => problem,
@@ -134,6 +136,22 @@ impl ModelClient for JsonToolMode {
             )));
         }
     }
+}
+
+/// Reads the inner model's reply text as one action and maps it to the
+/// reply a native provider would give, with the action's name for logs;
+/// `Err` says what is wrong, in words for the repair turn.
+pub(crate) fn read_action(
+    text: &str,
+    usage: keel_protocol::TokenUsage,
+    finish_reason: Option<String>,
+    deltas: Option<&UnboundedSender<String>>,
+) -> Result<(ModelResponse, &'static str), String> {
+    let (action, understanding) = action::parse_with_understanding(text)?;
+    let name = action_name(&action);
+    let mut response = into_response(action, usage, finish_reason, deltas);
+    response.understanding = understanding;
+    Ok((response, name))
 }
 
 fn action_name(action: &Action) -> &'static str {
