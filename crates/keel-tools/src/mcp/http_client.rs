@@ -133,7 +133,10 @@ async fn read_bounded(response: Response, max: usize) -> Result<Vec<u8>, Error> 
 
 /// An SSE body as events, refusing any single event larger than `max`
 /// bytes so a misbehaving server cannot make the client buffer without end.
-fn sse_events(response: Response, max: usize) -> BoxStream<'static, Result<Sse, SseError>> {
+pub(crate) fn sse_events(
+    response: Response,
+    max: usize,
+) -> BoxStream<'static, Result<Sse, SseError>> {
     let mut event_bytes = 0usize;
     let mut line_len = 0usize;
     let bytes = response.bytes_stream().map(move |chunk| {
