@@ -98,8 +98,12 @@ impl ModelClient for JsonToolMode {
         loop {
             // The raw JSON is never streamed: users would see the protocol.
             let response = self.inner.complete(&inner_request, None).await?;
-            usage.prompt_tokens += response.usage.prompt_tokens;
-            usage.completion_tokens += response.usage.completion_tokens;
+            usage.prompt_tokens = usage
+                .prompt_tokens
+                .saturating_add(response.usage.prompt_tokens);
+            usage.completion_tokens = usage
+                .completion_tokens
+                .saturating_add(response.usage.completion_tokens);
             let problem = match read_action(
                 &response.text,
                 usage,
