@@ -1080,21 +1080,39 @@ impl Default for MemoryConfig {
 }
 
 /// Whether `name` matches a tool pattern where `*` matches any run of characters.
+///
+/// Matched left to right, returning only to the last `*` on a mismatch, so
+/// the time is at most the product of the two lengths whatever the number
+/// of stars (trying every split at every star is exponential in them, and
+/// this runs for every tool call a hook, policy rule or verify rule sees).
 pub fn tool_pattern_matches(pattern: &str, name: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == name,
-        Some((head, rest)) => {
-            let Some(tail) = name.strip_prefix(head) else {
-                return false;
-            };
-            if rest.is_empty() {
-                return true;
+    let pattern: Vec<char> = pattern.chars().collect();
+    let name: Vec<char> = name.chars().collect();
+    let (mut p, mut n) = (0, 0);
+    // Just after the last star seen, and where in `name` its run ends now.
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match pattern.get(p) {
+            Some('*') => {
+                p += 1;
+                star = Some((p, n));
             }
-            (0..=tail.len())
-                .filter(|i| tail.is_char_boundary(*i))
-                .any(|i| tool_pattern_matches(rest, &tail[i..]))
+            Some(c) if *c == name[n] => {
+                p += 1;
+                n += 1;
+            }
+            _ => match star {
+                // The last star takes one more character; retry after it.
+                Some((after, run_end)) => {
+                    p = after;
+                    n = run_end + 1;
+                    star = Some((after, run_end + 1));
+                }
+                None => return false,
+            },
         }
     }
+    pattern[p..].iter().all(|c| *c == '*')
 }
 
 #[cfg(test)]
@@ -1158,5 +1176,64 @@ mod tests {
         assert!(!m("furnace_status", "furnace_status2"));
         assert!(m("a*c", "abbbc"));
         assert!(!m("a*c", "abbb"));
+        assert!(m("p*t.*", "plant.restart"));
+        assert!(m("*a*b*", "xaxxbx"));
+        assert!(!m("*a*b", "xaxxbx"));
+        assert!(m("a**b", "ab"));
+        assert!(m("**", ""));
+        assert!(m("", ""));
+        assert!(!m("", "a"));
+        assert!(m("é*ü", "éaü"));
+    }
+
+    /// Found by the `config_toml` fuzz target: a pattern with a few hundred
+    /// stars in an agent's `tools` made loading the configuration run for
+    /// minutes, trying every way to split the name among the stars.
+    #[test]
+    fn many_stars_take_no_time() {
+        let stars = "*".repeat(300);
+        let started = std::time::Instant::now();
+        assert!(!m(&format!("memory_{stars}get"), "memory_search"));
+        assert!(!m(&format!("a{stars}b"), &"a".repeat(300)));
+        assert!(m(&format!("a{stars}b"), &format!("{}b", "a".repeat(300))));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    /// A pattern and a name: unrelated, or the pattern with every `*`
+    /// filled in, so that matches are as common as misses.
+    fn pattern_and_name() -> impl proptest::strategy::Strategy<Value = (String, String)> {
+        use proptest::prelude::*;
+        let fills = proptest::collection::vec("[ab.é]{0,3}", 11);
+        ("[ab*.é]{0,10}", "[ab.é]{0,10}", fills, any::<bool>()).prop_map(
+            |(pattern, other, fills, related)| {
+                if !related {
+                    return (pattern, other);
+                }
+                let mut fills = fills.into_iter();
+                let name = pattern
+                    .split('*')
+                    .enumerate()
+                    .map(|(i, part)| {
+                        let fill = if i == 0 {
+                            String::new()
+                        } else {
+                            fills.next().unwrap_or_default()
+                        };
+                        fill + part
+                    })
+                    .collect();
+                (pattern, name)
+            },
+        )
+    }
+
+    proptest::proptest! {
+        /// The same answers as the regular expression the pattern stands for.
+        #[test]
+        fn patterns_match_like_their_regex((pattern, name) in pattern_and_name()) {
+            let regex = format!("^{}$", regex::escape(&pattern).replace(r"\*", ".*"));
+            let expected = regex::Regex::new(&regex).unwrap().is_match(&name);
+            proptest::prop_assert_eq!(m(&pattern, &name), expected, "{} {}", pattern, name);
+        }
     }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use common::{codes, gated_op, plant};
 use keel_core::CoreError;
-use keel_protocol::{Message, ModelError, RunStatus};
+use keel_protocol::{Message, ModelError, RunStatus, TokenUsage};
 use keel_test_support::harness::is_subsequence;
 use keel_test_support::scripted::{
     Gate, ScriptedModel, call_tool, call_tools, fail, hang, last_user_text, offers_tools, raw_call,
@@ -314,6 +314,37 @@ async fn the_step_budget_ends_the_run_with_an_answer_from_what_is_known() {
         rt.model().request_count(),
         4,
         "three steps and the closing call"
+    );
+    rt.finish();
+}
+
+/// Token counts are the provider's word: counts that overflow when added
+/// up exhaust the token budget instead of wrapping around below it.
+#[tokio::test]
+async fn token_counts_that_overflow_exhaust_the_token_budget() {
+    let model = ScriptedModel::handler(|request| {
+        if offers_tools(request) {
+            let mut reply = call_tool("furnace_status", json!({"furnace_id": "F1"}));
+            reply.usage = TokenUsage {
+                prompt_tokens: u64::MAX,
+                completion_tokens: 1,
+            };
+            reply
+        } else {
+            reply_text("F1 is running.")
+        }
+    });
+    let rt = plant(model)
+        .agent_toml("[agents.limits]\nmax_tokens = 1000")
+        .build()
+        .await;
+    let id = rt.start("Watch F1").await;
+    let run = rt.wait_status(&id, RunStatus::Completed).await;
+    assert_eq!(run.output.as_deref(), Some("F1 is running."));
+    assert_eq!(run.usage.prompt_tokens, u64::MAX);
+    assert_eq!(
+        rt.events_of(&id, "run_completed").await[0]["reason"],
+        "budget_exhausted"
     );
     rt.finish();
 }

@@ -6,6 +6,8 @@
 
 pub mod anthropic;
 mod encoded;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 pub mod json_mode;
 pub mod openai;

@@ -20,6 +20,10 @@ use keel_core::Runtime;
 
 pub use auth::Auth;
 pub use error::{ApiError, ErrorResponse};
+/// Entry points for the fuzz targets under `fuzz/`; not part of the
+/// supported API.
+#[doc(hidden)]
+pub use routes::responses_fuzzing as fuzzing;
 
 /// Everything a request handler may use.
 #[derive(Clone)]

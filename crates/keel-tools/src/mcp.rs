@@ -5,6 +5,8 @@
 //! the session dies, so one crash does not take its tools away for good.
 
 mod connection;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http_client;
 mod supervisor;
 mod tool;

@@ -90,8 +90,16 @@ impl RunActor {
             Exit::Failed(ErrorBody::new("provider_error", e.to_string()))
         })?;
         crate::otel::record_chat(&span, &response);
-        self.usage.prompt_tokens += response.usage.prompt_tokens;
-        self.usage.completion_tokens += response.usage.completion_tokens;
+        // Counts are the provider's word: they saturate rather than wrap
+        // around, which would hide them from the token budget.
+        self.usage.prompt_tokens = self
+            .usage
+            .prompt_tokens
+            .saturating_add(response.usage.prompt_tokens);
+        self.usage.completion_tokens = self
+            .usage
+            .completion_tokens
+            .saturating_add(response.usage.completion_tokens);
         cap_text(&mut response.text);
         Ok((response, elapsed))
     }

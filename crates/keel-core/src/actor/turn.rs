@@ -30,7 +30,11 @@ impl RunActor {
             return Err(Exit::Budget(Budget::MaxSteps));
         }
         if limits.max_tokens > 0
-            && self.usage.prompt_tokens + self.usage.completion_tokens >= limits.max_tokens
+            && self
+                .usage
+                .prompt_tokens
+                .saturating_add(self.usage.completion_tokens)
+                >= limits.max_tokens
         {
             return Err(Exit::Budget(Budget::MaxTokens));
         }

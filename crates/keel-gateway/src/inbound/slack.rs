@@ -286,9 +286,11 @@ fn interaction(channel: &ChannelConfig, body: &[u8]) -> Result<Webhook, WebhookE
         return Err(missing("Slack block_actions payload: response_url"));
     };
     // Each interaction has its own trigger_id; a click has no event_id.
+    // An empty one would make every such click a repeat of the first.
     let dedupe_id = actions
         .trigger_id
-        .or_else(|| action.action_ts.clone())
+        .filter(|t| !t.is_empty())
+        .or_else(|| action.action_ts.clone().filter(|t| !t.is_empty()))
         .ok_or_else(|| missing("Slack block_actions payload: trigger_id"))?;
     Ok(Webhook::Click(Box::new(ApprovalClick {
         channel: channel.id.clone(),

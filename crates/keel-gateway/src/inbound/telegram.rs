@@ -136,7 +136,13 @@ fn message_webhook(
     if message.from.as_ref().is_some_and(|u| u.is_bot) {
         return Ok(Webhook::Ignored("message from a bot".into()));
     }
-    let Some(text) = message.text.or(message.caption) else {
+    // Blank text is no text, as for the other adapters: it would start a
+    // run with nothing to answer.
+    let Some(text) = message
+        .text
+        .or(message.caption)
+        .filter(|t| !t.trim().is_empty())
+    else {
         return Ok(Webhook::Ignored("message without text".into()));
     };
     let (sender, sender_name) = match (&message.from, &message.sender_chat) {

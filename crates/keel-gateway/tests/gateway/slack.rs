@@ -316,6 +316,30 @@ fn approval_buttons_arrive_as_block_actions() {
     ));
 }
 
+/// Found with the `gateway_webhook` fuzz target, whose check is that a
+/// click has an id to drop repeats by: an empty trigger_id was that id,
+/// so every click with one would have been a repeat of the first.
+#[test]
+fn a_click_with_an_empty_trigger_id_is_told_apart_by_its_action_ts() {
+    let id = "apr_0123456789abcdef0123456789abcdef";
+    let body = String::from_utf8(block_actions(&format!("approve:{id}"))).unwrap();
+    let without = body.replace(
+        "12321423423.333649436676.d8c1bb837935619ccad0f624c448ffb3",
+        "",
+    );
+    assert_ne!(body, without);
+    let Ok(Webhook::Click(click)) = send_at(NOW_SECS, without.as_bytes(), FORM) else {
+        panic!("expected a click");
+    };
+    assert_eq!(click.dedupe_id, "1700000210.840180");
+
+    let neither = without.replace("1700000210.840180", "");
+    assert!(matches!(
+        send_at(NOW_SECS, neither.as_bytes(), FORM),
+        Err(WebhookError::BadRequest(m)) if m.contains("trigger_id")
+    ));
+}
+
 #[test]
 fn old_future_and_unsigned_requests_are_unauthorized() {
     let body = im_message().to_string();

@@ -256,6 +256,29 @@ fn edits_bots_and_textless_messages_are_ignored() {
     );
 }
 
+/// Found with the `gateway_webhook` fuzz target, whose check is that a
+/// message has text: blank text or caption was a message with nothing to
+/// answer, where the other adapters ignore it.
+#[test]
+fn blank_text_and_captions_are_ignored() {
+    for blank in ["", "  \n\t"] {
+        let mut update = private_update();
+        update["message"]["text"] = json!(blank);
+        assert_eq!(
+            send(&update),
+            Ok(Webhook::Ignored("message without text".into())),
+            "{blank:?}"
+        );
+        update["message"].as_object_mut().unwrap().remove("text");
+        update["message"]["caption"] = json!(blank);
+        assert_eq!(
+            send(&update),
+            Ok(Webhook::Ignored("message without text".into())),
+            "caption {blank:?}"
+        );
+    }
+}
+
 #[test]
 fn the_secret_token_must_be_present_and_equal() {
     let body = private_update().to_string();

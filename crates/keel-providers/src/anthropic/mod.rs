@@ -3,8 +3,8 @@
 //! Extended thinking is never requested, so keel never has to hand thinking
 //! blocks back; any that arrive are dropped unread, never shown.
 
-mod stream;
-mod wire;
+pub(crate) mod stream;
+pub(crate) mod wire;
 
 use std::fmt;
 use std::time::{Duration, SystemTime};

@@ -329,6 +329,19 @@ mod tests {
         );
     }
 
+    /// Found with the `anthropic_sse` fuzz target: prompt token counts
+    /// whose sum overflows made reading the stream panic.
+    #[test]
+    fn huge_token_counts_saturate() {
+        let mut a = Assembler::default();
+        feed(
+            &mut a,
+            json!({"type":"message_start","message":{"usage":{"input_tokens":u64::MAX,"cache_read_input_tokens":1}}}),
+        );
+        feed(&mut a, json!({"type":"message_stop"}));
+        assert_eq!(a.finish().unwrap().usage.prompt_tokens, u64::MAX);
+    }
+
     #[test]
     fn error_event_early_end_and_malformed() {
         let mut a = Assembler::default();

@@ -254,6 +254,8 @@ pub(crate) struct WireUsage {
 
 impl WireUsage {
     /// Prompt tokens, cached ones included: they fill the context window too.
+    /// The sum saturates: counts are the provider's word, and no count may
+    /// make reading the reply fail.
     pub(crate) fn prompt_tokens(&self) -> Option<u64> {
         let parts = [
             self.input_tokens,
@@ -263,7 +265,12 @@ impl WireUsage {
         if parts.iter().all(Option::is_none) {
             return None;
         }
-        Some(parts.iter().map(|p| p.unwrap_or(0)).sum())
+        Some(
+            parts
+                .iter()
+                .map(|p| p.unwrap_or(0))
+                .fold(0, u64::saturating_add),
+        )
     }
 }
 
@@ -576,6 +583,15 @@ mod tests {
         assert_eq!(body["messages"][1]["role"], "assistant");
         assert_eq!(body["max_tokens"], 9);
         assert!(body.get("system").is_none() && body.get("tools").is_none());
+    }
+
+    /// Found with the `anthropic_message` fuzz target: prompt token counts
+    /// whose sum overflows made reading the reply panic.
+    #[test]
+    fn huge_token_counts_saturate() {
+        let body = br#"{"type":"message","content":[],"usage":{"input_tokens":18446744073709551615,"cache_creation_input_tokens":5}}"#;
+        let r = parse_message(body).unwrap();
+        assert_eq!(r.usage.prompt_tokens, u64::MAX);
     }
 
     #[test]

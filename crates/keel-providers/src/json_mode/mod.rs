@@ -100,19 +100,25 @@ impl ModelClient for JsonToolMode {
         loop {
             // The raw JSON is never streamed: users would see the protocol.
             let response = self.inner.complete(&inner_request, None).await?;
-            usage.prompt_tokens += response.usage.prompt_tokens;
-            usage.completion_tokens += response.usage.completion_tokens;
-            let problem = match action::parse_with_understanding(&response.text) {
-                Ok((action, understanding)) => {
+            usage.prompt_tokens = usage
+                .prompt_tokens
+                .saturating_add(response.usage.prompt_tokens);
+            usage.completion_tokens = usage
+                .completion_tokens
+                .saturating_add(response.usage.completion_tokens);
+            let problem = match read_action(
+                &response.text,
+                usage,
+                response.finish_reason.clone(),
+                deltas.as_ref(),
+            ) {
+                Ok((response, action)) => {
                     tracing::debug!(
                         model = %self.inner.model_name(),
                         repairs,
-                        action = action_name(&action),
+                        action,
                         "json-mode action"
                     );
-                    let mut response =
-                        into_response(action, usage, response.finish_reason, deltas.as_ref());
-                    response.understanding = understanding;
                     return Ok(response);
                 }
                 Err(problem) => problem,
@@ -136,6 +142,22 @@ impl ModelClient for JsonToolMode {
             )));
         }
     }
+}
+
+/// Reads the inner model's reply text as one action and maps it to the
+/// reply a native provider would give, with the action's name for logs;
+/// `Err` says what is wrong, in words for the repair turn.
+pub(crate) fn read_action(
+    text: &str,
+    usage: keel_protocol::TokenUsage,
+    finish_reason: Option<String>,
+    deltas: Option<&UnboundedSender<String>>,
+) -> Result<(ModelResponse, &'static str), String> {
+    let (action, understanding) = action::parse_with_understanding(text)?;
+    let name = action_name(&action);
+    let mut response = into_response(action, usage, finish_reason, deltas);
+    response.understanding = understanding;
+    Ok((response, name))
 }
 
 fn action_name(action: &Action) -> &'static str {

@@ -1,8 +1,8 @@
 //! Any Chat Completions-compatible endpoint (OpenAI, DashScope, DeepSeek,
 //! vLLM, Ollama, llama.cpp server): native tool calling and streaming.
 
-mod stream;
-mod wire;
+pub(crate) mod stream;
+pub(crate) mod wire;
 
 use std::fmt;
 use std::time::{Duration, SystemTime};

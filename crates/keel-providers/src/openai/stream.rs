@@ -128,7 +128,7 @@ impl Assembler {
                 forwarded.push_str(&content);
             }
             for fragment in delta.tool_calls.unwrap_or_default() {
-                self.add_fragment(fragment);
+                self.add_fragment(fragment)?;
             }
         }
         if forwarded.is_empty() {
@@ -138,7 +138,7 @@ impl Assembler {
         Ok(Some(forwarded))
     }
 
-    fn add_fragment(&mut self, fragment: ToolCallDelta) {
+    fn add_fragment(&mut self, fragment: ToolCallDelta) -> Result<(), ModelError> {
         let id = fragment.id.filter(|i| !i.is_empty());
         let index = match fragment.index {
             Some(i) => i,
@@ -150,7 +150,15 @@ impl Assembler {
                         .get(&last)
                         .and_then(|c| c.id.as_ref())
                         .is_none_or(|old| old == new_id);
-                    if same { last } else { last + 1 }
+                    if same {
+                        last
+                    } else {
+                        last.checked_add(1).ok_or_else(|| {
+                            ModelError::Protocol(format!(
+                                "tool call {new_id:?} follows the last possible index"
+                            ))
+                        })?
+                    }
                 }
                 (Some(last), None) => last,
                 (None, _) => 0,
@@ -168,6 +176,7 @@ impl Assembler {
             call.arguments
                 .push_str(&arguments_text(function.arguments.as_ref()));
         }
+        Ok(())
     }
 
     /// Completes the reply once the stream has ended.
@@ -327,6 +336,27 @@ mod tests {
         assert_eq!(r.tool_calls.len(), 2);
         assert_eq!(r.tool_calls[0].arguments, "{}");
         assert_eq!(r.tool_calls[1].arguments, "{}");
+    }
+
+    /// Found with the `openai_sse` fuzz target: a call without `index`
+    /// after one at the largest index overflowed the next index.
+    #[test]
+    fn a_new_call_after_the_last_index_is_an_error() {
+        let mut a = Assembler::default();
+        feed(
+            &mut a,
+            json!({"choices":[{"delta":{"tool_calls":[{"index":u64::MAX,"id":"a","function":{"name":"f"}}]}}]}),
+        );
+        let err = a
+            .feed(
+                &json!({"choices":[{"delta":{"tool_calls":[{"id":"b","function":{"name":"g"}}]}}]})
+                    .to_string(),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, ModelError::Protocol(m) if m.contains("last possible index")),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -14,6 +14,8 @@ use utoipa_axum::routes;
 use crate::{AppState, console};
 
 pub use responses::ResponseStreamEvent;
+#[doc(hidden)]
+pub use responses::fuzzing as responses_fuzzing;
 
 /// Every route with its documentation. Routes are only ever added here with
 /// `routes!`, which takes the path and method from the handler's

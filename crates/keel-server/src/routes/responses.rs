@@ -24,6 +24,8 @@
 mod driver;
 mod encoder;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod ids;
 mod request;
 mod schema;

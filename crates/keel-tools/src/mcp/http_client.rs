@@ -133,7 +133,15 @@ async fn read_bounded(response: Response, max: usize) -> Result<Vec<u8>, Error> 
 
 /// An SSE body as events, refusing any single event larger than `max`
 /// bytes so a misbehaving server cannot make the client buffer without end.
-fn sse_events(response: Response, max: usize) -> BoxStream<'static, Result<Sse, SseError>> {
+///
+/// The stream ends at its first error. The SSE parser drops the rest of
+/// the read a bad line came in, blank line included, without ending the
+/// event it was in, so the data lines that follow would join that event
+/// and grow it past `max` while the byte count above sees events end.
+pub(crate) fn sse_events(
+    response: Response,
+    max: usize,
+) -> BoxStream<'static, Result<Sse, SseError>> {
     let mut event_bytes = 0usize;
     let mut line_len = 0usize;
     let bytes = response.bytes_stream().map(move |chunk| {
@@ -156,7 +164,14 @@ fn sse_events(response: Response, max: usize) -> BoxStream<'static, Result<Sse, 
         }
         Ok(chunk)
     });
-    SseStream::from_bytes_stream(bytes).boxed()
+    let mut failed = false;
+    SseStream::from_bytes_stream(bytes)
+        .take_while(move |event| {
+            let more = !failed;
+            failed |= event.is_err();
+            std::future::ready(more)
+        })
+        .boxed()
 }
 
 fn is_notification_like(message: &ClientJsonRpcMessage) -> bool {
@@ -473,5 +488,49 @@ impl StreamableHttpClient for HttpClient {
             custom_headers,
             max_sse_event_size,
         )
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn response(reads: Vec<Vec<u8>>) -> Response {
+        let body = futures::stream::iter(reads.into_iter().map(Ok::<_, std::io::Error>));
+        Response::from(http::Response::new(reqwest::Body::wrap_stream(body)))
+    }
+
+    /// Found by the `mcp_sse` fuzz target: a line the parser refuses (here
+    /// an unknown field) swallows the blank line read with it, and the
+    /// next event's data joined the first one past the limit.
+    #[tokio::test]
+    async fn no_event_grows_past_the_limit_across_a_parse_error() {
+        let first = format!("data: {}", "a".repeat(300));
+        let second = format!("data: {}", "b".repeat(300));
+        let reads = vec![
+            format!("{first}\n").into_bytes(),
+            b"\xd3: comment\n\n".to_vec(),
+            format!("{second}\n\n").into_bytes(),
+        ];
+        let events: Vec<Result<Sse, SseError>> = sse_events(response(reads), 512).collect().await;
+        assert!(
+            events
+                .iter()
+                .flatten()
+                .all(|e| e.data.as_ref().is_none_or(|d| d.len() <= 512)),
+            "{events:?}"
+        );
+        assert!(events.last().is_some_and(Result::is_err), "{events:?}");
+    }
+
+    #[tokio::test]
+    async fn events_within_the_limit_pass() {
+        let reads = vec![b"data: {\"a\":1}\n\n: ping\n\ndata: 2\n\n".to_vec()];
+        let events: Vec<Option<String>> = sse_events(response(reads), 512)
+            .map(|e| e.unwrap().data)
+            .collect()
+            .await;
+        assert_eq!(events, [Some("{\"a\":1}".to_owned()), Some("2".to_owned())]);
     }
 }

@@ -84,6 +84,11 @@ impl RemoteTool {
             origin,
         })
     }
+
+    /// The derived spec, for the fuzz targets' checks.
+    pub(crate) fn into_spec(self) -> ToolSpec {
+        self.spec
+    }
 }
 
 /// keel's default risk from a tool's annotations. Annotations are hints and
@@ -177,7 +182,7 @@ fn service_error(server: &str, e: ServiceError) -> ToolError {
     }
 }
 
-fn to_output(result: CallToolResult) -> ToolOutput {
+pub(crate) fn to_output(result: CallToolResult) -> ToolOutput {
     let texts: Vec<String> = result.content.iter().map(describe).collect();
     let mut content = texts.join("\n");
     if content.is_empty()

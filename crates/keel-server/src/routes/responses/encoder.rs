@@ -296,7 +296,7 @@ pub fn usage_json(u: Usage) -> Value {
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": u.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens),
     })
 }
 
