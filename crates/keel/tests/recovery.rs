@@ -206,62 +206,6 @@ async fn idempotent_call_in_flight_is_rerun_after_restart() {
 }
 
 #[tokio::test]
-async fn a_turn_killed_during_its_idempotent_call_is_asked_for_again() {
-    // An idempotent call is not committed before it runs: its turn (plan,
-    // decision, call, result) is one transaction. Killed while the call
-    // runs, the node loses the turn; the resumed run asks the model again
-    // and the call runs a second time, which is what idempotent allows.
-    let model = FakeOpenAi::start(Script::queue(vec![
-        Reply::tool_call("slow_read", json!({"ms": 5000})),
-        Reply::tool_call("slow_read", json!({"ms": 1})),
-        Reply::text("The slow read answered."),
-    ]))
-    .await;
-    let tools = ToolServer::start().await;
-    let mut env = Env::new(&model.base_url(), &tools.base_url());
-    env.extra_tools = format!(
-        r#"[[tools.http]]
-name = "slow_read"
-description = "A slow read that is safe to repeat"
-method = "GET"
-url = "{}/slow"
-parameters = {{ type = "object", properties = {{ ms = {{ type = "integer" }} }}, required = ["ms"] }}
-risk = "read"
-idempotent = true
-timeout_s = 30
-"#,
-        tools.base_url()
-    );
-    env.agent_tools.push("slow_read".into());
-    let mut keel = Keel::start(&env).await;
-    let id = keel.start_run("Read slowly", None).await;
-    for _ in 0..500 {
-        if tools.count("slow_started") >= 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(tools.count("slow_started"), 1, "the call is in flight");
-    keel.kill9().await;
-    keel.restart().await;
-    let run = keel.wait_status(&id, "completed", None).await;
-    assert_eq!(run["output"], "The slow read answered.");
-    assert_eq!(tools.count("slow_started"), 2, "the call ran again");
-    let frames = keel.events(&id, None, None).await;
-    assert_gap_free(&frames, 1);
-    // Had the first call been stored as started, the resumed run would
-    // have re-run it as it was (5000 ms) instead of asking the model.
-    let calls: Vec<_> = frames.iter().filter(|f| f.event == "tool_call").collect();
-    assert_eq!(calls.len(), 1, "{frames:?}");
-    assert_eq!(calls[0].data["arguments"], json!({"ms": 1}));
-    assert_eq!(
-        frames.iter().filter(|f| f.event == "tool_result").count(),
-        1
-    );
-    assert!(model.violations().is_empty(), "{:?}", model.violations());
-}
-
-#[tokio::test]
 async fn a_run_waiting_for_input_still_waits_after_a_crash() {
     let model = FakeOpenAi::start(Script::queue(vec![
         Reply::tool_call("furnace_status", json!({})),

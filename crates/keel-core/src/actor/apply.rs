@@ -367,18 +367,8 @@ impl RunActor {
         let fingerprint = call_fingerprint(&call.name, &args);
         let args_text = args.to_string();
         self.count_call(call, &args, &mut events);
-        if spec.idempotent {
-            // Running it twice is harmless, so nothing needs to be durable
-            // before it runs: the plan, the decision and the call commit
-            // with the result, one transaction for the whole tool turn. A
-            // crash in between loses the turn, and the resumed run asks the
-            // model again.
-            self.hold(events, Vec::new());
-        } else {
-            // Committed before the tool runs: a restarted node knows it
-            // started, and does not run it again.
-            self.commit(events, Vec::new()).await?;
-        }
+        // Committed before the tool runs: a restarted node knows it started.
+        self.commit(events, Vec::new()).await?;
         let ctx = ToolContext {
             tenant: self.principal.tenant.clone(),
             principal: self.principal.id.clone(),

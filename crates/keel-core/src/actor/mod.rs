@@ -525,8 +525,7 @@ impl RunActor {
     /// Holds events and messages back until the next commit, which always
     /// follows before the run waits or calls the model again. Saves a
     /// transaction per tool turn; a crash in between loses only the model's
-    /// latest answer (and the start of an idempotent call), which the
-    /// resumed run asks for again.
+    /// latest answer, which the resumed run asks for again.
     fn hold(&mut self, events: Vec<EventKind>, messages: Vec<Message>) {
         self.history.extend(messages.iter().cloned());
         self.held.0.extend(events);
