@@ -24,7 +24,7 @@ pub async fn open_node(
     node: NodeSettings,
 ) -> Result<(Arc<dyn Store>, Arc<dyn Coordination>), StoreError> {
     if is_postgres(url) {
-        let store = Arc::new(PostgresStore::connect(url).await?);
+        let store = Arc::new(PostgresStore::connect_node(url, node.lease).await?);
         let coord: Arc<dyn Coordination> = Arc::new(store.node(node.node_id, node.lease));
         return Ok((store, coord));
     }

@@ -37,6 +37,23 @@ impl PostgresStore {
     /// Connects to the database at `url` (`postgres://user@host:port/db`),
     /// checks that it answers and brings its schema up to date.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with_stall_limit(url, None).await
+    }
+
+    /// Like [`Self::connect`], for a node of a cluster holding leases of
+    /// `lease`: the server aborts any transaction of this node left idle for
+    /// longer than that. A node paused or cut off in the middle of a commit
+    /// holds the run's row lock, and a claim skips locked rows, so without
+    /// this limit a node that never comes back would keep its runs from
+    /// every other node for as long as its connection looks open.
+    pub async fn connect_node(url: &str, lease: Duration) -> Result<Self, StoreError> {
+        Self::connect_with_stall_limit(url, Some(lease)).await
+    }
+
+    async fn connect_with_stall_limit(
+        url: &str,
+        stall_limit: Option<Duration>,
+    ) -> Result<Self, StoreError> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::Backend(format!("invalid PostgreSQL URL: {e}")))?;
         // One plain connection first: a server that is down fails here at
@@ -48,6 +65,13 @@ impl PostgresStore {
         conn.close()
             .await
             .map_err(|e| StoreError::Backend(format!("closing migration connection: {e}")))?;
+        let options = match stall_limit {
+            Some(limit) => options.options([(
+                "idle_in_transaction_session_timeout",
+                limit.as_millis().max(1).to_string(),
+            )]),
+            None => options,
+        };
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
