@@ -204,13 +204,20 @@ async fn renew_loop(shared: Weak<Shared>, every: Duration) {
             return;
         };
         let running = shared.active_ids();
+        let sent = std::time::Instant::now();
         match shared.coord.renew(&running).await {
             Ok(kept) => {
+                shared.leases_renewed(&kept, sent);
                 let kept: HashSet<String> = kept.into_iter().collect();
                 for id in running.iter().filter(|id| !kept.contains(*id)) {
-                    // Ended just now, or taken over: either way this actor is done.
+                    // Ended just now, or taken over: either way this actor is
+                    // done. Its commits would be refused by the store anyway.
                     if shared.cancel_local(id, None) {
-                        tracing::debug!(run = %id, "lease not renewed; stopping the local actor");
+                        tracing::warn!(
+                            run = %id,
+                            node = shared.coord.node_id(),
+                            "lease not renewed (the run ended or another node took it over); stopping the local actor"
+                        );
                     }
                 }
             }

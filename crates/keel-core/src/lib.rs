@@ -13,6 +13,7 @@ pub mod course;
 pub mod error;
 pub mod follow;
 pub mod guards;
+mod lease;
 pub mod otel;
 pub mod outbound;
 pub mod pipeline;

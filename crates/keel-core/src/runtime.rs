@@ -59,6 +59,7 @@ struct Handle {
     commands: mpsc::UnboundedSender<Command>,
     cancel: CancellationToken,
     cancelled_by: Arc<Mutex<Option<String>>>,
+    lease: Arc<crate::lease::LeaseClock>,
 }
 
 pub(crate) struct Shared {
@@ -96,6 +97,17 @@ impl Shared {
     /// Runs with an actor in this process.
     pub(crate) fn active_ids(&self) -> Vec<String> {
         self.lock_active().keys().cloned().collect()
+    }
+
+    /// A lease renewal sent at `sent` kept these runs.
+    pub(crate) fn leases_renewed(&self, kept: &[String], sent: std::time::Instant) {
+        let lease = self.coord.lease();
+        let active = self.lock_active();
+        for id in kept {
+            if let Some(h) = active.get(id) {
+                h.lease.renewed(sent, lease);
+            }
+        }
     }
 
     pub(crate) fn has_actor(&self, run_id: &str) -> bool {
@@ -681,6 +693,11 @@ impl Runtime {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let cancelled_by = Arc::new(Mutex::new(None));
+        // Called right after the run was acquired or claimed.
+        let lease = Arc::new(crate::lease::LeaseClock::new(
+            std::time::Instant::now(),
+            self.shared.coord.lease(),
+        ));
         {
             let mut active = self.shared.lock_active();
             if active.contains_key(&record.id) {
@@ -692,6 +709,7 @@ impl Runtime {
                     commands: tx,
                     cancel: cancel.clone(),
                     cancelled_by: cancelled_by.clone(),
+                    lease: lease.clone(),
                 },
             );
         }
@@ -702,6 +720,7 @@ impl Runtime {
             commands: rx,
             cancel,
             cancelled_by,
+            lease,
         });
         tokio::spawn(actor.run());
     }

@@ -369,6 +369,7 @@ impl RunActor {
         self.count_call(call, &args, &mut events);
         // Committed before the tool runs: a restarted node knows it started.
         self.commit(events, Vec::new()).await?;
+        self.hold_lease().await?;
         let ctx = ToolContext {
             tenant: self.principal.tenant.clone(),
             principal: self.principal.id.clone(),

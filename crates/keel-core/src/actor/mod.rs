@@ -95,6 +95,8 @@ pub(crate) struct RunActor {
     commands: mpsc::UnboundedReceiver<Command>,
     cancel: CancellationToken,
     cancelled_by: Arc<std::sync::Mutex<Option<String>>>,
+    /// How long this node still surely holds the run (nodes sharing a store).
+    lease: Arc<crate::lease::LeaseClock>,
     steers: VecDeque<String>,
     /// Notes for the model, committed after the current turn's tool results.
     notes: Vec<String>,
@@ -130,6 +132,7 @@ pub(crate) struct ActorInit {
     pub commands: mpsc::UnboundedReceiver<Command>,
     pub cancel: CancellationToken,
     pub cancelled_by: Arc<std::sync::Mutex<Option<String>>>,
+    pub lease: Arc<crate::lease::LeaseClock>,
 }
 
 impl RunActor {
@@ -181,6 +184,7 @@ impl RunActor {
             commands: init.commands,
             cancel: init.cancel,
             cancelled_by: init.cancelled_by,
+            lease: init.lease,
             steers: VecDeque::new(),
             notes: Vec::new(),
             held: (Vec::new(), Vec::new()),
@@ -216,6 +220,9 @@ impl RunActor {
         };
         match end {
             Ok(()) | Err(Exit::Detached) => {}
+            Err(Exit::Store(e)) if self.shared.coord.is_shared() => {
+                tracing::error!(run = %self.run_id, error = %e, "run stopped: the store failed; the node that claims it once its lease expires resumes it");
+            }
             Err(Exit::Store(e)) => {
                 tracing::error!(run = %self.run_id, error = %e, "run stopped: the store failed; it resumes on restart");
             }
@@ -502,6 +509,36 @@ impl RunActor {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Before a side effect outside the store (a tool call): on a node that
+    /// shares the store, makes sure this node still holds the run. A commit
+    /// that just succeeded does not prove it: the node may have been paused
+    /// or cut off since, and another node may have taken the run over. When
+    /// the lease as last renewed has less than a third left (renewals run
+    /// every third, so only a stalled node gets here), the store is asked;
+    /// a run that is no longer ours stops here, having started nothing.
+    pub(super) async fn hold_lease(&self) -> Result<(), Exit> {
+        let coord = &self.shared.coord;
+        if !coord.is_shared() {
+            return Ok(());
+        }
+        let lease = coord.lease();
+        if self.lease.remaining() > lease / 3 {
+            return Ok(());
+        }
+        let sent = std::time::Instant::now();
+        let kept = coord.renew(std::slice::from_ref(&self.run_id)).await?;
+        if kept.contains(&self.run_id) {
+            self.lease.renewed(sent, lease);
+            return Ok(());
+        }
+        tracing::warn!(
+            run = %self.run_id,
+            node = coord.node_id(),
+            "this node lost the run's lease while it was stalled; its next tool call is not started and the actor stops"
+        );
+        Err(Exit::Detached)
     }
 
     /// Streamed text: events only. Deltas change neither the run's record

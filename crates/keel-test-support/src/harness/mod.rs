@@ -23,7 +23,8 @@ use keel_guard::hooks::{BeforeToolCall, ConfigHook};
 use keel_guard::policy::Policy;
 use keel_guard::verify::Verifier;
 use keel_protocol::{
-    ApprovalRecord, ApprovalStatus, Event, Message, Principal, RunRecord, RunStatus, Tool,
+    ApprovalRecord, ApprovalStatus, Coordination, Event, Message, Principal, RunRecord, RunStatus,
+    SingleNode, Store, Tool,
 };
 use serde_json::Value;
 
@@ -44,6 +45,9 @@ const POLL: Duration = Duration::from_millis(5);
 /// A change to the agent's configuration, applied after the TOML loads.
 type AgentEdit = Box<dyn FnOnce(&mut AgentConfig)>;
 
+/// Makes the node's coordination over the test's store.
+type CoordinationOf = Box<dyn FnOnce(Arc<dyn Store>) -> Arc<dyn Coordination>>;
+
 /// Builds a [`TestRuntime`].
 pub struct TestRuntimeBuilder {
     model: ScriptedModel,
@@ -54,6 +58,7 @@ pub struct TestRuntimeBuilder {
     hooks: Vec<Arc<dyn BeforeToolCall>>,
     principal: Principal,
     wait: Duration,
+    coordination: Option<CoordinationOf>,
 }
 
 impl TestRuntimeBuilder {
@@ -102,6 +107,17 @@ impl TestRuntimeBuilder {
     /// How long each wait may take before failing the test.
     pub fn wait_timeout(mut self, wait: Duration) -> Self {
         self.wait = wait;
+        self
+    }
+
+    /// Runs the runtime as a node with this coordination over the test's
+    /// store (default: the single node that owns every run), e.g. one that
+    /// loses its leases on cue.
+    pub fn coordination(
+        mut self,
+        coordination: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Coordination> + 'static,
+    ) -> Self {
+        self.coordination = Some(Box::new(coordination));
         self
     }
 
@@ -159,8 +175,13 @@ impl TestRuntimeBuilder {
             outbound: None,
             admission: None,
         };
-        let runtime = Runtime::new(
+        let coordination: Arc<dyn Coordination> = match self.coordination {
+            Some(make) => make(store.clone()),
+            None => Arc::new(SingleNode::new(store.clone())),
+        };
+        let runtime = Runtime::with_coordination(
             store,
+            coordination,
             tool_set,
             vec![AgentRuntime {
                 config: agent,
@@ -234,6 +255,7 @@ impl TestRuntime {
                 roles: Vec::new(),
             },
             wait: DEFAULT_WAIT,
+            coordination: None,
         }
     }
 
