@@ -7,4 +7,5 @@ pub mod pg;
 pub mod scripted;
 pub mod sse;
 pub mod store_suite;
+pub mod tcp_proxy;
 pub mod tool_server;

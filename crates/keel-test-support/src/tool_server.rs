@@ -88,9 +88,22 @@ async fn slow(State(c): State<Calls>, Query(q): Query<SlowQuery>) -> Json<Value>
 
 /// A non-idempotent action with latency (a payment, a valve opened): each
 /// execution is recorded under its `key` argument, so a test can prove no
-/// call ran twice. Records `charge_started` on arrival and `charge` when done.
-async fn charge(State(c): State<Calls>, Json(body): Json<Value>) -> Json<Value> {
-    c.record("charge_started", body.clone());
+/// call ran twice. Records `charge_started` on arrival and `charge` when done;
+/// the arrival also records the caller's `x-keel-node` header, if any, as
+/// `node`, so a test of several nodes knows which one started the call.
+async fn charge(
+    State(c): State<Calls>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<Value>,
+) -> Json<Value> {
+    let mut started = body.clone();
+    if let (Some(node), Some(fields)) = (
+        headers.get("x-keel-node").and_then(|v| v.to_str().ok()),
+        started.as_object_mut(),
+    ) {
+        fields.insert("node".into(), Value::String(node.to_owned()));
+    }
+    c.record("charge_started", started);
     let ms = body.get("ms").and_then(Value::as_u64).unwrap_or(0);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     c.record("charge", body.clone());

@@ -18,6 +18,7 @@ use common::{
     obedient_bank_model, wait_until_asked,
 };
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
+use keel_test_support::tcp_proxy::TcpProxy;
 use keel_test_support::tool_server::ToolServer;
 use serde_json::{Value, json};
 use sqlx::Connection;
@@ -47,6 +48,7 @@ description = "Charge an account; not safe to repeat"
 method = "POST"
 url = "{tools}/charge"
 parameters = {{ type = "object", properties = {{ key = {{ type = "string" }}, ms = {{ type = "integer" }} }}, required = ["key", "ms"] }}
+headers = {{ "x-keel-node" = "{node}" }}
 risk = "write"
 timeout_s = 30
 
@@ -165,8 +167,88 @@ fn taken_over(node: &Keel) -> HashSet<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_nodes_one_killed_every_run_finishes_once() {
+/// What happens to node A while it executes runs with non-idempotent calls
+/// in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL: the node is gone.
+    Kill,
+    /// SIGSTOP for longer than the lease, then SIGCONT: the node wakes up
+    /// believing it still executes runs the others took over.
+    Pause,
+    /// The node's connection to PostgreSQL goes silent for longer than the
+    /// lease (a partition), then comes back.
+    Cut,
+}
+
+/// How long a paused or cut-off node stays so: well past its lease, so
+/// that the other nodes take its runs over meanwhile.
+const OUTAGE: Duration = Duration::from_secs(LEASE_S + 4);
+
+/// `url` with its host and port replaced by `addr` (the database URL as
+/// seen through a proxy).
+fn via(url: &str, addr: std::net::SocketAddr) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[start..];
+    let end = rest.find('/').unwrap_or(rest.len());
+    let userinfo = rest[..end].rfind('@').map_or(0, |i| i + 1);
+    format!(
+        "{}{}{addr}{}",
+        &url[..start],
+        &rest[..userinfo],
+        &rest[end..]
+    )
+}
+
+/// The socket address of the database server in `url`.
+async fn server_of(url: &str) -> std::net::SocketAddr {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[start..];
+    let end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[rest[..end].rfind('@').map_or(0, |i| i + 1)..end];
+    let authority = if authority.contains(':') {
+        authority.to_owned()
+    } else {
+        format!("{authority}:5432")
+    };
+    tokio::net::lookup_host(authority)
+        .await
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
+fn signal(node: &Keel, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(node.pid().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{sig} failed");
+}
+
+/// What a node logs when it stops acting for a run it lost: its commit was
+/// refused, its renewal did not keep the run, its fence before a tool call
+/// found the run gone, or the database ended its stalled transaction.
+const LET_GO: [&str; 4] = [
+    "taken over by another node",
+    "lease not renewed",
+    "lost the run's lease",
+    "the store failed",
+];
+
+/// Whether `log` has a line in which the node says it stopped acting for `run`.
+fn says_it_let_go(log: &str, run: &str) -> bool {
+    log.lines()
+        .any(|l| l.contains(run) && LET_GO.iter().any(|m| l.contains(m)))
+}
+
+/// 200 runs on three nodes; node A suffers `fault` while several of its
+/// non-idempotent calls execute. Every run must end exactly once, with a
+/// gap-free event log, and no non-idempotent call may execute twice. A
+/// node that comes back (pause, cut) must commit nothing and start no tool
+/// call for the runs it lost, and say so in its log.
+async fn node_a_fails(fault: Fault) {
     const RUNS: usize = 200;
     // Job N: one or two calls of the non-idempotent `charge` (with latency),
     // or a charge then an idempotent status read; then the answer.
@@ -199,38 +281,49 @@ async fn three_nodes_one_killed_every_run_finishes_once() {
     .await;
     let tools = ToolServer::start().await;
     let db = TestDb::create().await;
-    let mut nodes = start_nodes(&model, &tools, &db).await;
+    let proxy = match fault {
+        Fault::Cut => Some(TcpProxy::start(server_of(&db.url).await).await),
+        _ => None,
+    };
+    let mut nodes = Vec::new();
+    for name in ["node-a", "node-b", "node-c"] {
+        let mut env = env(&model, &tools, &db, name);
+        if let (Some(proxy), "node-a") = (&proxy, name) {
+            env.server_extra = env
+                .server_extra
+                .replace(&db.url, &via(&db.url, proxy.addr()));
+        }
+        nodes.push(Keel::start(&env).await);
+    }
 
-    // Half the runs spread over the three nodes, all at once; node A is
-    // killed while its runs are in flight; the other half goes to B and C.
+    // Half the runs spread over the three nodes, all at once; node A fails
+    // while its runs are in flight; the other half goes to B and C.
     let began = Instant::now();
     let bases: Vec<String> = nodes.iter().map(|n| n.base.clone()).collect();
     let mut runs = start_many(&bases, 0..RUNS / 2, |n| n % 3).await;
-    // Kill A while several of its non-idempotent calls are executing.
-    let a_keys: HashSet<String> = runs
-        .iter()
-        .filter(|(_, _, node)| *node == 0)
-        .flat_map(|(_, n, _)| [format!("job-{n}-a"), format!("job-{n}-b")])
-        .collect();
+    // Fail A while several of its non-idempotent calls are executing.
     let wait_for_calls = Instant::now() + Duration::from_secs(20);
     loop {
         let calls = tools.calls();
-        let state = |route: &str| -> HashSet<String> {
+        let keys = |route: &str| -> HashSet<String> {
             calls
                 .iter()
-                .filter(|(r, _)| r == route)
+                .filter(|(r, a)| r == route && (route == "charge" || a["node"] == "node-a"))
                 .filter_map(|(_, a)| a["key"].as_str().map(str::to_owned))
-                .filter(|k| a_keys.contains(k))
                 .collect()
         };
-        let in_flight = state("charge_started").difference(&state("charge")).count();
+        let in_flight = keys("charge_started").difference(&keys("charge")).count();
         if in_flight >= 8 || Instant::now() > wait_for_calls {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    nodes[0].kill9().await;
-    let killed_at = Instant::now();
+    match fault {
+        Fault::Kill => nodes[0].kill9().await,
+        Fault::Pause => signal(&nodes[0], "STOP"),
+        Fault::Cut => proxy.as_ref().unwrap().cut(),
+    }
+    let failed_at = Instant::now();
     // The survivors' logs, watched closely: when did they take runs over?
     let logs: Vec<std::path::PathBuf> = nodes[1..].iter().map(|n| n.dir.join("keel.log")).collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -247,8 +340,8 @@ async fn three_nodes_one_killed_every_run_finishes_once() {
                 })
                 .sum();
             if n > seen {
-                first.get_or_insert(killed_at.elapsed());
-                last = Some(killed_at.elapsed());
+                first.get_or_insert(failed_at.elapsed());
+                last = Some(failed_at.elapsed());
                 seen = n;
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -262,7 +355,7 @@ async fn three_nodes_one_killed_every_run_finishes_once() {
         .map(|(id, _, _)| id)
         .collect();
 
-    // Which of node A's runs were left unfinished by the kill.
+    // Which of node A's runs were left unfinished by the fault.
     let survivor = &nodes[1];
     let mut orphaned = HashSet::new();
     for id in &on_a {
@@ -273,11 +366,22 @@ async fn three_nodes_one_killed_every_run_finishes_once() {
         }
     }
     println!(
-        "multi-node: node A killed {:.2}s after the first run, with {} of its {} runs unfinished",
-        (killed_at - began).as_secs_f64(),
+        "multi-node {fault:?}: node A failed {:.2}s after the first run, with {} of its {} runs unfinished",
+        (failed_at - began).as_secs_f64(),
         orphaned.len(),
         on_a.len()
     );
+
+    // A paused or cut-off node comes back once the others took over.
+    let mut woke = None;
+    if fault != Fault::Kill {
+        tokio::time::sleep(OUTAGE.saturating_sub(failed_at.elapsed())).await;
+        woke = Some(tools.calls().len());
+        match fault {
+            Fault::Pause => signal(&nodes[0], "CONT"),
+            _ => proxy.as_ref().unwrap().restore(),
+        }
+    }
 
     // Wait for every run to end, watching the survivors take over.
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -320,18 +424,20 @@ async fn three_nodes_one_killed_every_run_finishes_once() {
     for id in &orphaned {
         assert!(
             taken.contains(id),
-            "run {id} of the dead node was never taken over"
+            "run {id} of the failed node was never taken over"
         );
     }
 
     // Every event log, read through a surviving node: gap-free, no
-    // duplicate, one start, one end; no charge call executed twice.
+    // duplicate, one start, one end; no charge call started twice.
     let mut unknown_outcomes = 0;
     let mut completed = 0;
+    let mut events = 0;
     for (i, (id, n, _)) in runs.iter().enumerate() {
         let reader = &nodes[1 + i % 2];
         let frames = reader.events(id, None, None).await;
         assert_gap_free(&frames, 1);
+        events += frames.len();
         let seqs: HashSet<u64> = frames.iter().map(|f| f.id).collect();
         assert_eq!(seqs.len(), frames.len(), "run {id}: duplicate seq");
         assert_eq!(
@@ -377,8 +483,9 @@ async fn three_nodes_one_killed_every_run_finishes_once() {
             assert_eq!(run["output"], format!("done job {n}"), "run {id}");
         }
     }
+    let calls = tools.calls();
     let mut executions: HashMap<String, usize> = HashMap::new();
-    for (route, args) in tools.calls() {
+    for (route, args) in &calls {
         if route == "charge_started" {
             *executions
                 .entry(args["key"].as_str().unwrap().to_owned())
@@ -393,27 +500,91 @@ async fn three_nodes_one_killed_every_run_finishes_once() {
     assert!(model.violations().is_empty(), "{:?}", model.violations());
     assert!(
         !orphaned.is_empty(),
-        "the kill should have interrupted runs"
+        "the fault should have interrupted runs"
     );
     assert!(
         unknown_outcomes > 0,
-        "the kill should have interrupted non-idempotent calls, whose outcome the model is told is unknown"
+        "the fault should have interrupted non-idempotent calls, whose outcome the model is told is unknown"
     );
     assert_eq!(completed, RUNS, "every run answers");
 
+    // The node that came back let go of every run it lost, said so, and
+    // started no call for any of them once awake.
+    let mut late_starts = 0;
+    if let Some(woke) = woke {
+        let job_of: HashMap<&str, usize> =
+            runs.iter().map(|(id, n, _)| (id.as_str(), *n)).collect();
+        let lost: Vec<&String> = on_a
+            .iter()
+            .copied()
+            .filter(|id| taken.contains(*id))
+            .collect();
+        assert!(!lost.is_empty(), "node A should have lost runs");
+        let log = plain(&nodes[0].log());
+        for id in &lost {
+            assert!(
+                says_it_let_go(&log, id),
+                "node A's log never says it let go of run {id}"
+            );
+            let n = job_of[id.as_str()];
+            let keys = [format!("job-{n}-a"), format!("job-{n}-b")];
+            late_starts += calls[woke..]
+                .iter()
+                .filter(|(r, a)| {
+                    r == "charge_started"
+                        && a["node"] == "node-a"
+                        && keys.iter().any(|k| a["key"] == k.as_str())
+                })
+                .count();
+        }
+        assert_eq!(late_starts, 0, "node A started calls for runs it had lost");
+        let said: Vec<String> = LET_GO
+            .iter()
+            .map(|m| format!("{m:?}: {}", log.lines().filter(|l| l.contains(m)).count()))
+            .collect();
+        println!(
+            "multi-node {fault:?}: node A lost {} runs; its log: {}",
+            lost.len(),
+            said.join(", ")
+        );
+    }
+
     println!(
-        "multi-node: runs={RUNS} on_killed_node={} orphaned_by_kill={} takeovers={} \
-         first_takeover_after_kill={:.2}s last_takeover_after_kill={:.2}s \
-         unknown_outcome_results={unknown_outcomes} charge_executions={} all_done_in={:.1}s \
-         (lease {LEASE_S}s)",
+        "multi-node {fault:?}: runs={RUNS} on_failed_node={} orphaned={} takeovers={} \
+         first_takeover_after_fault={:.2}s last_takeover_after_fault={:.2}s \
+         events={events} lost_runs={} duplicate_events=0 unknown_outcome_results={unknown_outcomes} \
+         charge_calls={} max_executions_per_call={} calls_started_after_waking_for_lost_runs={late_starts} \
+         all_done_in={:.1}s (lease {LEASE_S}s, outage {}s)",
         on_a.len(),
         orphaned.len(),
         taken.len(),
         first_takeover.unwrap_or_default().as_secs_f64(),
         last_takeover.unwrap_or_default().as_secs_f64(),
+        RUNS - completed,
         executions.len(),
+        executions.values().max().copied().unwrap_or(0),
         all_done.as_secs_f64(),
+        if fault == Fault::Kill {
+            0
+        } else {
+            OUTAGE.as_secs()
+        },
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_one_killed_every_run_finishes_once() {
+    node_a_fails(Fault::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_one_paused_past_its_lease_wakes_and_lets_go() {
+    node_a_fails(Fault::Pause).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_one_cut_off_from_the_database_past_its_lease() {
+    node_a_fails(Fault::Cut).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
