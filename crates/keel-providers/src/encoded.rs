@@ -7,7 +7,7 @@
 
 use std::hash::BuildHasher;
 
-use keel_protocol::Message;
+use keel_protocol::{Message, ToolSchema};
 
 /// Per-message encodings `F` of the messages last sent, by position.
 pub(crate) struct Encoded<F> {
@@ -58,6 +58,26 @@ impl<F> Encoded<F> {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
+    }
+}
+
+/// The tools array as last sent: tools change far less often than messages,
+/// so the array is encoded again only when the list offered differs.
+#[derive(Default)]
+pub(crate) struct KeptTools(Option<(Vec<ToolSchema>, Vec<u8>)>);
+
+impl KeptTools {
+    /// The JSON array of `tools` as `encode` writes it, encoded again only
+    /// when the tools differ from the last call's.
+    pub(crate) fn json(
+        &mut self,
+        tools: &[ToolSchema],
+        encode: impl FnOnce(&[ToolSchema]) -> Result<Vec<u8>, serde_json::Error>,
+    ) -> Result<&[u8], serde_json::Error> {
+        if self.0.as_ref().is_none_or(|(offered, _)| offered != tools) {
+            self.0 = Some((tools.to_vec(), encode(tools)?));
+        }
+        Ok(self.0.as_ref().map_or(&[][..], |(_, json)| json.as_slice()))
     }
 }
 

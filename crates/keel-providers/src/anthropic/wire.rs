@@ -5,13 +5,11 @@
 //! the Messages API wants strictly alternating `user` / `assistant` turns with
 //! tool results as blocks of a user turn. The mapping below bridges the two.
 
-use keel_protocol::{
-    Message, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall, ToolSchema,
-};
+use keel_protocol::{Message, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::encoded::Encoded;
+use crate::encoded::{Encoded, KeptTools};
 use crate::http::excerpt;
 
 /// Stands in for a user turn the API requires but the history lacks (a
@@ -35,7 +33,7 @@ pub(crate) fn request_body(
 #[derive(Default)]
 pub(crate) struct Kept {
     messages: Encoded<Part>,
-    tools: Option<(Vec<ToolSchema>, Vec<u8>)>,
+    tools: KeptTools,
     last_len: usize,
 }
 
@@ -184,36 +182,27 @@ impl Kept {
         }
         if !request.tools.is_empty() {
             out.extend_from_slice(b",\"tools\":");
-            out.extend_from_slice(tools_json(&mut self.tools, &request.tools)?);
+            out.extend_from_slice(self.tools.json(&request.tools, |tools| {
+                let wire: Vec<Value> = tools
+                    .iter()
+                    .map(|t| {
+                        // `input_schema` must be an object schema; a tool
+                        // without parameters still needs one.
+                        let schema = if t.parameters.is_object() {
+                            t.parameters.clone()
+                        } else {
+                            json!({ "type": "object", "properties": {} })
+                        };
+                        json!({ "name": t.name, "description": t.description, "input_schema": schema })
+                    })
+                    .collect();
+                serde_json::to_vec(&wire)
+            })?);
         }
         out.push(b'}');
         self.last_len = out.len();
         Ok(out)
     }
-}
-
-/// The tools array, encoded again only when the offered tools changed.
-fn tools_json<'a>(
-    kept: &'a mut Option<(Vec<ToolSchema>, Vec<u8>)>,
-    tools: &[ToolSchema],
-) -> Result<&'a [u8], serde_json::Error> {
-    if kept.as_ref().is_none_or(|(offered, _)| offered != tools) {
-        let wire: Vec<Value> = tools
-            .iter()
-            .map(|t| {
-                // `input_schema` must be an object schema; a tool without
-                // parameters still needs one.
-                let schema = if t.parameters.is_object() {
-                    t.parameters.clone()
-                } else {
-                    json!({ "type": "object", "properties": {} })
-                };
-                json!({ "name": t.name, "description": t.description, "input_schema": schema })
-            })
-            .collect();
-        *kept = Some((tools.to_vec(), serde_json::to_vec(&wire)?));
-    }
-    Ok(kept.as_ref().map_or(&[][..], |(_, json)| json.as_slice()))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -417,6 +406,7 @@ fn error_text(error: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_protocol::ToolSchema;
 
     fn body_value(request: &ModelRequest, stream: bool) -> Value {
         serde_json::from_slice(&request_body("claude", request, stream, 4096).unwrap()).unwrap()

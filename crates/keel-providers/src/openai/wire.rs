@@ -1,13 +1,11 @@
 //! The Chat Completions wire format: what keel sends and how a whole
 //! (non-streamed) reply is read back.
 
-use keel_protocol::{
-    Message, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall, ToolSchema,
-};
+use keel_protocol::{Message, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::encoded::Encoded;
+use crate::encoded::{Encoded, KeptTools};
 use crate::http::excerpt;
 
 /// Builds the body for `POST {base_url}/chat/completions`, encoding only
@@ -26,7 +24,7 @@ pub(crate) fn request_body(
 #[derive(Default)]
 pub(crate) struct Kept {
     messages: Encoded<Vec<u8>>,
-    tools: Option<(Vec<ToolSchema>, Vec<u8>)>,
+    tools: KeptTools,
     last_len: usize,
 }
 
@@ -57,7 +55,20 @@ impl Kept {
         }
         if !request.tools.is_empty() {
             out.extend_from_slice(b",\"tools\":");
-            out.extend_from_slice(tools_json(&mut self.tools, &request.tools)?);
+            out.extend_from_slice(self.tools.json(&request.tools, |tools| {
+                let wire: Vec<SentTool<'_>> = tools
+                    .iter()
+                    .map(|t| SentTool {
+                        kind: "function",
+                        function: SentFunctionSpec {
+                            name: &t.name,
+                            description: &t.description,
+                            parameters: &t.parameters,
+                        },
+                    })
+                    .collect();
+                serde_json::to_vec(&wire)
+            })?);
             out.extend_from_slice(b",\"tool_choice\":\"auto\"");
         }
         if let Some(max) = request.max_output_tokens {
@@ -68,28 +79,6 @@ impl Kept {
         self.last_len = out.len();
         Ok(out)
     }
-}
-
-/// The tools array, encoded again only when the offered tools changed.
-fn tools_json<'a>(
-    kept: &'a mut Option<(Vec<ToolSchema>, Vec<u8>)>,
-    tools: &[ToolSchema],
-) -> Result<&'a [u8], serde_json::Error> {
-    if kept.as_ref().is_none_or(|(offered, _)| offered != tools) {
-        let wire: Vec<SentTool<'_>> = tools
-            .iter()
-            .map(|t| SentTool {
-                kind: "function",
-                function: SentFunctionSpec {
-                    name: &t.name,
-                    description: &t.description,
-                    parameters: &t.parameters,
-                },
-            })
-            .collect();
-        *kept = Some((tools.to_vec(), serde_json::to_vec(&wire)?));
-    }
-    Ok(kept.as_ref().map_or(&[][..], |(_, json)| json.as_slice()))
 }
 
 /// One message as Chat Completions wants it.
@@ -377,6 +366,7 @@ fn error_text(error: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_protocol::ToolSchema;
     use serde_json::json;
 
     fn body_value(model: &str, request: &ModelRequest, stream: bool) -> Value {
