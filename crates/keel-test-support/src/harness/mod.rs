@@ -158,6 +158,7 @@ impl TestRuntimeBuilder {
             similarity: None,
             outbound: None,
             admission: None,
+            redactor: Default::default(),
         };
         let runtime = Runtime::new(
             store,
