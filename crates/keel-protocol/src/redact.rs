@@ -153,9 +153,14 @@ impl Redactor {
         }
         match value {
             Value::String(s) => self.redact_string(s),
-            Value::Array(items) => items
-                .iter_mut()
-                .fold(false, |changed, v| self.redact_json(v) || changed),
+            // Every element is visited: no short-circuiting once one changed.
+            Value::Array(items) => {
+                let mut changed = false;
+                for v in items {
+                    changed |= self.redact_json(v);
+                }
+                changed
+            }
             Value::Object(map) => {
                 let mut changed = false;
                 if map.keys().any(|k| self.contains_secret(k)) {
@@ -165,8 +170,10 @@ impl Redactor {
                     }
                     changed = true;
                 }
-                map.values_mut()
-                    .fold(changed, |changed, v| self.redact_json(v) || changed)
+                for v in map.values_mut() {
+                    changed |= self.redact_json(v);
+                }
+                changed
             }
             Value::Null | Value::Bool(_) | Value::Number(_) => false,
         }
