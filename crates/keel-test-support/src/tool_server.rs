@@ -40,6 +40,7 @@ impl ToolServer {
             .route("/lookup/{kind}", get(lookup))
             .route("/log/{furnace}", get(furnace_log))
             .route("/echo_headers", get(echo_headers))
+            .route("/received", post(received))
             .with_state(calls.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -186,6 +187,13 @@ async fn echo_headers(State(c): State<Calls>, headers: axum::http::HeaderMap) ->
         .collect();
     c.record("echo_headers", json!({"headers": echoed.len()}));
     Json(json!({"received_headers": echoed}))
+}
+
+/// An operator's endpoint for keel's dispatch hooks: records what keel
+/// told it.
+async fn received(State(c): State<Calls>, Json(body): Json<Value>) -> Json<Value> {
+    c.record("received", body);
+    Json(json!({}))
 }
 
 #[derive(serde::Deserialize)]

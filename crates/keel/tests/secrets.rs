@@ -9,8 +9,8 @@
 //! memory document and a channel message. Then every place it could show
 //! is read back, and no secret may be anywhere: the events over SSE, the
 //! runs and session over the API, every request the model received, what
-//! the tool backend and the chat service were sent, memory search, the
-//! log, and every file of the data dir.
+//! the tool backend, a dispatch hook and the chat service were sent,
+//! memory search, the log, and every file of the data dir.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -159,7 +159,7 @@ reply_url = "{chat}/response"
 
 [[routing.hooks]]
 point = "message_received"
-url = "http://127.0.0.1:9/received"
+url = "{tools}/received"
 timeout_ms = 300
 secret_env = "TEST_DISPATCH_SECRET"
 "#,
@@ -449,6 +449,7 @@ async fn no_secret_keel_reads_shows_in_events_logs_requests_history_or_memory() 
             .any(|r| r.to_string().contains("received_headers")),
         "the echoed headers reached the model, redacted"
     );
+    assert_eq!(tools.count("received"), 1, "the dispatch hook was told");
     for (route, args) in tools.calls() {
         assert_clean(
             &format!("the tool backend's {route} call"),
