@@ -282,10 +282,6 @@ impl Runtime {
         principal: &Principal,
         mut req: StartRun,
     ) -> Result<RunRecord, CoreError> {
-        // Before anything is stored: the run record keeps its input and
-        // metadata, and every event and message derives from them.
-        self.redact(&mut req.input);
-        self.shared.options.redactor.redact_json(&mut req.metadata);
         if req.input.trim().is_empty() {
             return Err(CoreError::BadRequest("input: must not be empty".into()));
         }
@@ -295,6 +291,11 @@ impl Runtime {
                 req.input.len()
             )));
         }
+        // Checked as the caller sent it, redacted before anything is
+        // stored: the run record keeps its input and metadata, and every
+        // event and message derives from them.
+        self.redact(&mut req.input);
+        self.shared.options.redactor.redact_json(&mut req.metadata);
         let agent_id = req
             .agent
             .unwrap_or_else(|| self.shared.default_agent.clone());
