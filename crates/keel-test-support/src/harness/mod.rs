@@ -54,6 +54,7 @@ pub struct TestRuntimeBuilder {
     hooks: Vec<Arc<dyn BeforeToolCall>>,
     principal: Principal,
     wait: Duration,
+    secrets: Vec<String>,
 }
 
 impl TestRuntimeBuilder {
@@ -96,6 +97,13 @@ impl TestRuntimeBuilder {
     /// principal `alice`, no roles).
     pub fn principal(mut self, principal: Principal) -> Self {
         self.principal = principal;
+        self
+    }
+
+    /// Secret values the runtime redacts, as `keel serve` redacts the
+    /// ones it reads from its environment (default: none).
+    pub fn redact(mut self, secrets: &[&str]) -> Self {
+        self.secrets.extend(secrets.iter().map(|s| (*s).to_owned()));
         self
     }
 
@@ -158,7 +166,8 @@ impl TestRuntimeBuilder {
             similarity: None,
             outbound: None,
             admission: None,
-            redactor: Default::default(),
+            redactor: keel_protocol::Redactor::new(&self.secrets)
+                .map_err(|e| anyhow!("the test secrets: {e}"))?,
         };
         let runtime = Runtime::new(
             store,
@@ -235,6 +244,7 @@ impl TestRuntime {
                 roles: Vec::new(),
             },
             wait: DEFAULT_WAIT,
+            secrets: Vec::new(),
         }
     }
 
