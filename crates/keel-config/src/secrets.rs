@@ -230,6 +230,6 @@ api_key_env = "EMBED_KEY"
         assert_eq!(url_password("postgres://u:p:q@h"), Some("p:q"));
         assert_eq!(url_password("postgres://u@h/db"), None);
         assert_eq!(url_password("postgres://h/db?x=a:b@c"), None);
-        assert_eq!(url_password("sqlite:///tmp/keel.db"), None);
+        assert_eq!(url_password("sqlite://data/keel.db"), None);
     }
 }
