@@ -12,6 +12,7 @@ pub mod problem;
 pub mod reference;
 mod report;
 mod schema;
+pub mod secrets;
 mod semantic;
 mod tree;
 
@@ -21,4 +22,5 @@ pub use load::{load_file, load_str};
 pub use model::*;
 pub use problem::{ConfigErrors, Loaded, Problem, Severity};
 pub use report::render_report;
+pub use secrets::{SecretValue, secret_values};
 pub use semantic::BUILTIN_TOOLS;

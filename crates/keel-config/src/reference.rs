@@ -79,6 +79,20 @@ Any value can be overridden from the environment: `KEEL_A__B__C` sets
 in the file: it names the environment variables that hold them
 (`api_key_env`, `key_env`, `${VAR}` in headers and in an MCP server's `env`).
 
+The value of every secret read this way, and the password of
+`server.database_url`, is redacted: wherever it occurs, in the user's
+input, a tool's output or the model's reply, it is replaced by
+`[redacted]` before it reaches a run's events (stored and streamed over
+SSE), its messages and record (`/ai/runs`, `/ai/sessions`), the requests
+sent to the model, memory (documents, session summaries) and keel's log.
+A streamed reply holds back a tail that could be the start of a secret
+until the next delta shows whether it is one. Values shorter than 8
+characters are not redacted, and a warning at start names them: that
+short, a value is too common in ordinary text to be told apart from a
+secret, and replacing it would mangle that text. A secret is found as
+written and as JSON or Rust escape it; an encoded form (base64, URL
+encoding) is not.
+
 Integers are never negative. A default of *unset* means the key has no
 value unless one is given; its description says what applies then.
 ";

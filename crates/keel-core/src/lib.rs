@@ -18,6 +18,7 @@ pub mod otel;
 pub mod outbound;
 pub mod pipeline;
 mod prompt;
+mod redacting_model;
 pub mod runtime;
 pub mod session_reset;
 mod state;

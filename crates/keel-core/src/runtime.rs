@@ -53,6 +53,11 @@ pub struct RuntimeOptions {
     pub outbound: Option<Arc<dyn crate::outbound::Outbound>>,
     /// Asked before every cleared server-side call runs; none = no one.
     pub admission: Option<Arc<dyn crate::admission::Admission>>,
+    /// The secret values no run may store, publish or send on: user
+    /// input, tool output and model output are redacted where they enter
+    /// (see `redacting_model`, `observe`), and every commit is checked
+    /// again. The default redacts nothing.
+    pub redactor: keel_protocol::Redactor,
 }
 
 struct Handle {
@@ -193,7 +198,10 @@ impl Runtime {
     ) -> Result<Self, CoreError> {
         let agents: HashMap<String, AgentRuntime> = agents
             .into_iter()
-            .map(|a| (a.config.id.clone(), a))
+            .map(|mut a| {
+                a.model = crate::redacting_model::RedactingModel::wrap(a.model, &options.redactor);
+                (a.config.id.clone(), a)
+            })
             .collect();
         if !agents.contains_key(default_agent) {
             return Err(CoreError::Config(format!(
@@ -284,7 +292,7 @@ impl Runtime {
     pub async fn start_run(
         &self,
         principal: &Principal,
-        req: StartRun,
+        mut req: StartRun,
     ) -> Result<RunRecord, CoreError> {
         if req.input.trim().is_empty() {
             return Err(CoreError::BadRequest("input: must not be empty".into()));
@@ -295,6 +303,11 @@ impl Runtime {
                 req.input.len()
             )));
         }
+        // Checked as the caller sent it, redacted before anything is
+        // stored: the run record keeps its input and metadata, and every
+        // event and message derives from them.
+        self.redact(&mut req.input);
+        self.shared.options.redactor.redact_json(&mut req.metadata);
         let agent_id = req
             .agent
             .unwrap_or_else(|| self.shared.default_agent.clone());
@@ -390,8 +403,14 @@ impl Runtime {
             .ok_or(CoreError::NotFound)
     }
 
+    /// `text` with every secret replaced, for text that enters a run.
+    fn redact(&self, text: &mut String) {
+        self.shared.options.redactor.redact_string(text);
+    }
+
     /// Answers a pending clarification.
-    pub async fn input(&self, tenant: &str, id: &str, text: String) -> Result<(), CoreError> {
+    pub async fn input(&self, tenant: &str, id: &str, mut text: String) -> Result<(), CoreError> {
+        self.redact(&mut text);
         let run = self.get_run(tenant, id).await?;
         if run.status != RunStatus::WaitingInput {
             return Err(CoreError::Conflict(format!(
@@ -413,8 +432,13 @@ impl Runtime {
         &self,
         tenant: &str,
         id: &str,
-        outputs: Vec<ClientToolOutput>,
+        mut outputs: Vec<ClientToolOutput>,
     ) -> Result<(), CoreError> {
+        // Redacted here already: with several nodes the outputs travel
+        // through the store's mailbox.
+        for o in &mut outputs {
+            self.redact(&mut o.output);
+        }
         let run = self.get_run(tenant, id).await?;
         let waiting_for_client = run.status == RunStatus::WaitingInput
             && matches!(run.pending, Some(keel_protocol::Pending::ClientTool { .. }));
@@ -427,12 +451,19 @@ impl Runtime {
         self.send(&run, Command::ToolOutputs(outputs)).await
     }
 
-    pub async fn steer(&self, tenant: &str, id: &str, text: String) -> Result<(), CoreError> {
+    pub async fn steer(&self, tenant: &str, id: &str, mut text: String) -> Result<(), CoreError> {
+        self.redact(&mut text);
         let run = self.live_run(tenant, id).await?;
         self.send(&run, Command::Steer(text)).await
     }
 
-    pub async fn follow_up(&self, tenant: &str, id: &str, text: String) -> Result<(), CoreError> {
+    pub async fn follow_up(
+        &self,
+        tenant: &str,
+        id: &str,
+        mut text: String,
+    ) -> Result<(), CoreError> {
+        self.redact(&mut text);
         let run = self.live_run(tenant, id).await?;
         self.send(&run, Command::FollowUp(text)).await
     }
@@ -540,6 +571,8 @@ impl Runtime {
                 roles.join(", ")
             )));
         }
+        let reason = self.shared.options.redactor.redact(reason);
+        let reason = reason.as_ref();
         let decision = if approve {
             ApprovalStatus::Approved
         } else {

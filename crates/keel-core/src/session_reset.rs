@@ -105,6 +105,9 @@ impl Runtime {
             keel_protocol::now().format("%Y-%m-%d %H:%M UTC"),
             messages.len()
         );
+        // The summary is the model's (already redacted) or stored messages
+        // verbatim, which a session older than a secret may still carry.
+        let markdown = self.options().redactor.redact(&markdown).into_owned();
         let memory_id = match self.session_memory() {
             Some(memory) => match memory
                 .remember_session(

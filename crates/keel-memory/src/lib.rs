@@ -15,6 +15,7 @@ mod index;
 mod open;
 mod postgres;
 mod rank;
+mod redacted;
 mod settings;
 mod sqlite;
 mod tools;
@@ -30,6 +31,7 @@ pub use error::MemoryError;
 pub use hybrid::MAX_K;
 pub use open::{build_embedder, from_config, open, open_with, settings_of};
 pub use rank::{decay, fuse, mmr};
+pub use redacted::RedactedMemory;
 pub use settings::Settings;
 pub use tools::{MemoryGetTool, MemorySearchTool};
 

@@ -39,6 +39,8 @@ impl ToolServer {
             .route("/job/{id}", get(job))
             .route("/lookup/{kind}", get(lookup))
             .route("/log/{furnace}", get(furnace_log))
+            .route("/echo_headers", get(echo_headers))
+            .route("/received", post(received))
             .with_state(calls.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -175,6 +177,36 @@ async fn lookup(
         other => json!({"kind": other, "note": "no such records"}),
     };
     Json(json!({"kind": kind, "record": record}))
+}
+
+/// A backend that echoes the request's headers in its body, as a badly
+/// written service echoes the auth header it was sent: every header
+/// except the ones any client sends.
+async fn echo_headers(State(c): State<Calls>, headers: axum::http::HeaderMap) -> Json<Value> {
+    let echoed: serde_json::Map<String, Value> = headers
+        .iter()
+        .filter(|(name, _)| {
+            !matches!(
+                name.as_str(),
+                "host" | "accept" | "user-agent" | "content-length" | "content-type"
+            )
+        })
+        .map(|(name, value)| {
+            (
+                name.to_string(),
+                Value::String(String::from_utf8_lossy(value.as_bytes()).into_owned()),
+            )
+        })
+        .collect();
+    c.record("echo_headers", json!({"headers": echoed.len()}));
+    Json(json!({"received_headers": echoed}))
+}
+
+/// An operator's endpoint for keel's dispatch hooks: records what keel
+/// told it.
+async fn received(State(c): State<Calls>, Json(body): Json<Value>) -> Json<Value> {
+    c.record("received", body);
+    Json(json!({}))
 }
 
 #[derive(serde::Deserialize)]

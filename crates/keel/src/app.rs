@@ -61,8 +61,11 @@ pub fn load_config(source: &Source) -> anyhow::Result<Config> {
         }
     }
     .map_err(|e| anyhow::anyhow!("invalid configuration:\n{e}"))?;
+    // Before any line reaches its destination: the secrets it must not show.
+    crate::logging::redact_secrets(&crate::secrets::redactor(&loaded.config, &env)?);
     // From here on a terminal command's log has its file.
     crate::logging::to_file(&Path::new(&loaded.config.server.data_dir).join("keel.log"));
+    crate::secrets::warn_unredactable(&loaded.config, &env);
     if let Source::Defaults = source {
         crate::zero_config::announce(&loaded.config);
     }
@@ -236,6 +239,7 @@ fn model_client(
 
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let env = ProcessEnv;
+    let redactor = crate::secrets::redactor(&config, &env)?;
     let (store, coord) = open_node(&config).await?;
     #[cfg(feature = "local")]
     crate::local_provider::ensure_models(&config).await?;
@@ -276,6 +280,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     )
     .await
     .context("opening long-term memory")?;
+    let memory = keel_memory::RedactedMemory::wrap(memory, &redactor);
     let status = memory.status();
     match (&status.embedder, &status.notice) {
         (_, Some(notice)) => {
@@ -331,6 +336,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         admission: keel_server::gateway::HttpAdmission::from_config(&config, &env)
             .context("setting up the before_tool_call hooks")?
             .map(|a| Arc::new(a) as Arc<dyn keel_core::Admission>),
+        redactor,
     };
     let runtime =
         Runtime::with_coordination(store, coord, toolset, agents, &default_agent, options)?;

@@ -6,6 +6,10 @@
 //! meant for that person (target [`NOTICE`]) reach the terminal, one short
 //! line each. `--verbose` or `KEEL_LOG` sends the whole log to stderr
 //! instead. Colour codes are written only to a terminal.
+//!
+//! Every line passes the secret redactor (see [`redact_secrets`]) on its
+//! way out, wherever it goes: a secret a message or a field carries is
+//! written as `[redacted]`.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, IsTerminal, Write};
@@ -14,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use std::sync::OnceLock;
 
+use keel_protocol::Redactor;
 use opentelemetry_sdk::trace::SdkTracer;
 use tracing::Level;
 use tracing_opentelemetry::OpenTelemetryLayer;
@@ -86,7 +91,7 @@ pub fn init(destination: Destination) {
         Destination::Stderr => {
             *SINK.lock() = State::Stderr;
             let layer = fmt::layer()
-                .with_writer(io::stderr)
+                .with_writer(SINK.clone())
                 .with_ansi(io::stderr().is_terminal())
                 .with_filter(filter);
             let _ = tracing_subscriber::registry()
@@ -100,7 +105,7 @@ pub fn init(destination: Destination) {
                 .with_ansi(false)
                 .with_filter(filter);
             let notices = fmt::layer()
-                .with_writer(io::stderr)
+                .with_writer(RedactedStderr)
                 .event_format(NoticeFormat)
                 .with_filter(Targets::new().with_target(NOTICE, Level::INFO));
             let _ = tracing_subscriber::registry()
@@ -125,6 +130,45 @@ pub fn export_spans(tracer: SdkTracer) -> Result<(), String> {
         .map_err(|e| format!("installing the trace exporter: {e}"))
 }
 
+/// The secrets no log line may show. Called once the configuration is
+/// loaded, before the held lines are written; a later call (a reloaded
+/// configuration) adds to the secrets, never forgets one.
+pub fn redact_secrets(secrets: &Redactor) {
+    let mut current = REDACTOR.write().unwrap_or_else(PoisonError::into_inner);
+    match current.union(secrets) {
+        Ok(both) => *current = both,
+        // Keeping the old set is safer than having none.
+        Err(_) if !current.is_empty() => {}
+        Err(_) => *current = secrets.clone(),
+    }
+}
+
+/// `text` as a log line would show it.
+pub fn redact(text: &str) -> String {
+    REDACTOR
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .redact(text)
+        .into_owned()
+}
+
+static REDACTOR: std::sync::LazyLock<std::sync::RwLock<Redactor>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// `buf` with every secret replaced. The fmt layers write one whole line
+/// per call, so a secret is never split between two writes.
+fn redacted(buf: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let redactor = REDACTOR.read().unwrap_or_else(PoisonError::into_inner);
+    if redactor.is_empty() {
+        return std::borrow::Cow::Borrowed(buf);
+    }
+    let text = String::from_utf8_lossy(buf);
+    match redactor.redact(&text) {
+        std::borrow::Cow::Borrowed(_) => std::borrow::Cow::Borrowed(buf),
+        std::borrow::Cow::Owned(clean) => std::borrow::Cow::Owned(clean.into_bytes()),
+    }
+}
+
 /// Sends the log (and whatever was held until now) to `path`, appending.
 /// When the file cannot be opened, the log goes to stderr and the reason
 /// is its first line. Does nothing when the log already goes somewhere.
@@ -141,6 +185,8 @@ pub fn to_file(path: &Path) {
         State::Pending(held) => held,
         _ => Vec::new(),
     };
+    // Held before the secrets were known; redacted now.
+    let held = redacted(&held);
     match opened {
         Ok(mut file) => {
             let _ = file.write_all(&held);
@@ -195,17 +241,19 @@ static SINK: std::sync::LazyLock<Sink> =
     std::sync::LazyLock::new(|| Sink(Arc::new(Mutex::new(State::Pending(Vec::new())))));
 
 impl Write for Sink {
+    /// Takes the whole line (or none of it): a line cut short and
+    /// continued by a second call could split a secret between the two.
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match &mut *self.lock() {
             State::Pending(held) => {
                 if held.len() + buf.len() <= MAX_PENDING {
                     held.extend_from_slice(buf);
                 }
-                Ok(buf.len())
             }
-            State::File(file) => file.write(buf),
-            State::Stderr => io::stderr().write(buf),
+            State::File(file) => file.write_all(&redacted(buf))?,
+            State::Stderr => io::stderr().write_all(&redacted(buf))?,
         }
+        Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -222,5 +270,47 @@ impl<'a> MakeWriter<'a> for Sink {
 
     fn make_writer(&'a self) -> Self::Writer {
         self.clone()
+    }
+}
+
+/// Notices on stderr, redacted like the log.
+#[derive(Clone, Copy)]
+struct RedactedStderr;
+
+impl Write for RedactedStderr {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        io::stderr().write_all(&redacted(buf))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        io::stderr().flush()
+    }
+}
+
+impl<'a> MakeWriter<'a> for RedactedStderr {
+    type Writer = RedactedStderr;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        *self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn lines_are_redacted_and_secrets_accumulate() {
+        redact_secrets(&Redactor::new(["first-secret-value"]).unwrap());
+        redact_secrets(&Redactor::new(["second-secret-value"]).unwrap());
+        let line = b"key=first-secret-value other=\"second-secret-value\"\n";
+        assert_eq!(
+            &*redacted(line),
+            b"key=[redacted] other=\"[redacted]\"\n".as_slice()
+        );
+        assert_eq!(redact("x first-secret-value"), "x [redacted]");
     }
 }

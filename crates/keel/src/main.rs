@@ -13,6 +13,7 @@ mod migrate_cmd;
 mod model_cmd;
 mod otel_export;
 mod run_cmd;
+mod secrets;
 mod serve;
 mod similarity;
 mod timeline;
@@ -242,7 +243,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("keel: {e:#}");
+            eprintln!("keel: {}", logging::redact(&format!("{e:#}")));
             std::process::ExitCode::FAILURE
         }
     }

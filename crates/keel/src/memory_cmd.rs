@@ -41,6 +41,8 @@ async fn open(
     let memory = keel_memory::from_config(&config)
         .await
         .context("opening memory")?;
+    let redactor = crate::secrets::redactor(&config, &keel_config::ProcessEnv)?;
+    let memory = keel_memory::RedactedMemory::wrap(memory, &redactor);
     if let Some(notice) = memory.status().notice {
         eprintln!("keel: {notice}");
     }

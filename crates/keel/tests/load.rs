@@ -68,7 +68,12 @@ async fn submit(base: &str, inputs: Vec<String>, parallel: usize) -> Vec<String>
         let gate = gate.clone();
         set.spawn(async move {
             let _permit = gate.acquire_owned().await.unwrap();
-            let resp = http.post(url).json(&json!({"input": input})).send().await.unwrap();
+            let resp = http
+                .post(url)
+                .json(&json!({"input": input}))
+                .send()
+                .await
+                .unwrap();
             let status = resp.status().as_u16();
             let body: Value = resp.json().await.unwrap();
             assert_eq!(status, 201, "{body}");
@@ -112,7 +117,9 @@ async fn wait_all(keel: &Keel, ids: &[String], limit: Duration) -> Vec<Value> {
 /// Another run, started while the load runs, must still get its answer.
 async fn probe_run(keel: &Keel) -> Value {
     let ids = submit(&keel.base, vec!["probe: status of F1".into()], 1).await;
-    let run = wait_all(keel, &ids, Duration::from_secs(300)).await.remove(0);
+    let run = wait_all(keel, &ids, Duration::from_secs(300))
+        .await
+        .remove(0);
     assert_eq!(run["status"], "completed", "{run}");
     run
 }
@@ -174,9 +181,12 @@ async fn a_thousand_subscribers_of_one_run_each_see_every_event_once() {
         }
         let n = tool_results(req);
         if n < TURNS {
-            Reply::tool_call("furnace_status", json!({"furnace_id": format!("F{}", n % 9)}))
-                .with_text(format!("checking furnace {n}; "))
-                .after(Duration::from_millis(25))
+            Reply::tool_call(
+                "furnace_status",
+                json!({"furnace_id": format!("F{}", n % 9)}),
+            )
+            .with_text(format!("checking furnace {n}; "))
+            .after(Duration::from_millis(25))
         } else {
             Reply::text("all furnaces checked").after(Duration::from_millis(25))
         }
@@ -216,7 +226,10 @@ async fn a_thousand_subscribers_of_one_run_each_see_every_event_once() {
     let expected: Vec<u64> = stored.iter().map(|f| f.id).collect();
     for frames in &streams {
         let seen: Vec<u64> = frames.iter().map(|f| f.id).collect();
-        assert_eq!(seen, expected, "a subscriber missed, repeated or reordered events");
+        assert_eq!(
+            seen, expected,
+            "a subscriber missed, repeated or reordered events"
+        );
     }
     assert_eq!(probe["output"], "probe answered");
     let (peak, now) = memory_mib(keel.pid());

@@ -394,7 +394,8 @@ impl RunActor {
             },
         };
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let outcome = outcome.map_err(|e| e.to_string());
+        // Redacted before the span records it; `observe` would too late.
+        let outcome = self.redact_outcome(outcome.map_err(|e| e.to_string()));
         crate::otel::record_tool(&span, &outcome);
         let observed = self.observe(call, reg, &fingerprint, &args_text, outcome, duration_ms);
         self.commit(observed.events, vec![observed.message]).await

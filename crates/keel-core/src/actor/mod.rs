@@ -21,6 +21,7 @@ mod model_call;
 mod observe;
 mod recover;
 mod route;
+mod scrub;
 mod turn;
 
 use std::collections::VecDeque;
@@ -460,15 +461,25 @@ impl RunActor {
     /// published only once stored.
     async fn commit_with(
         &mut self,
-        events: Vec<EventKind>,
-        messages: Vec<Message>,
+        mut events: Vec<EventKind>,
+        mut messages: Vec<Message>,
         mut patch: RunPatch,
-        approvals: Vec<keel_protocol::ApprovalRecord>,
+        mut approvals: Vec<keel_protocol::ApprovalRecord>,
     ) -> Result<(), Exit> {
+        self.scrub_events(&mut events);
+        self.scrub_messages(&mut messages);
+        self.scrub_patch(&mut patch);
+        self.scrub_approvals(&mut approvals);
         patch.steps = Some(self.steps);
         patch.usage = Some(self.usage);
-        let state = serde_json::to_string(&self.state)
-            .map_err(|e| StoreError::Backend(format!("serializing the loop state: {e}")))?;
+        let serialize = |state: &LoopState| {
+            serde_json::to_string(state)
+                .map_err(|e| StoreError::Backend(format!("serializing the loop state: {e}")))
+        };
+        let mut state = serialize(&self.state)?;
+        if self.scrub_state(&state) {
+            state = serialize(&self.state)?;
+        }
         let state_changed = state != self.written_state;
         if state_changed {
             patch.state = Some(state.clone());
@@ -544,10 +555,11 @@ impl RunActor {
     /// Streamed text: events only. Deltas change neither the run's record
     /// nor its loop state, so nothing but the events is written, unless
     /// held-back work must go first.
-    async fn commit_events(&mut self, events: Vec<EventKind>) -> Result<(), Exit> {
+    async fn commit_events(&mut self, mut events: Vec<EventKind>) -> Result<(), Exit> {
         if !self.held.0.is_empty() || !self.held.1.is_empty() {
             return self.commit(events, Vec::new()).await;
         }
+        self.scrub_events(&mut events);
         let commit = Commit {
             events,
             messages: Vec::new(),
@@ -563,7 +575,9 @@ impl RunActor {
     /// follows before the run waits or calls the model again. Saves a
     /// transaction per tool turn; a crash in between loses only the model's
     /// latest answer, which the resumed run asks for again.
-    fn hold(&mut self, events: Vec<EventKind>, messages: Vec<Message>) {
+    fn hold(&mut self, mut events: Vec<EventKind>, mut messages: Vec<Message>) {
+        self.scrub_events(&mut events);
+        self.scrub_messages(&mut messages);
         self.history.extend(messages.iter().cloned());
         self.held.0.extend(events);
         self.held.1.extend(messages);

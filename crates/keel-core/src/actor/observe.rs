@@ -37,6 +37,7 @@ impl RunActor {
         duration_ms: u64,
     ) -> Observed {
         let spec = &reg.spec;
+        let outcome = self.redact_outcome(outcome);
         let (ok, raw, structured, error) = match outcome {
             Ok(out) if out.is_error => (
                 false,
@@ -140,6 +141,29 @@ impl RunActor {
             is_error: !ok || report.withhold,
         };
         Observed { events, message }
+    }
+}
+
+impl RunActor {
+    /// A tool's output is where secrets most often enter a run: a backend
+    /// that echoes its auth header, an error that quotes a URL with a
+    /// token. Redacted before anything (verification, loop detection, the
+    /// model, the events) reads it.
+    pub(super) fn redact_outcome(
+        &self,
+        outcome: Result<ToolOutput, String>,
+    ) -> Result<ToolOutput, String> {
+        let r = &self.shared.options.redactor;
+        match outcome {
+            Ok(mut out) => {
+                r.redact_string(&mut out.content);
+                if let Some(structured) = &mut out.structured {
+                    r.redact_json(structured);
+                }
+                Ok(out)
+            }
+            Err(e) => Err(r.redact(&e).into_owned()),
+        }
     }
 }
 

@@ -107,8 +107,11 @@ async fn message(
     s: &AppState,
     gateway: &Arc<Gateway>,
     channel: &Channel,
-    msg: Inbound,
+    mut msg: Inbound,
 ) -> Result<Response, ApiError> {
+    // Before the dispatch hooks see it; the runtime would redact it only
+    // once the message starts a run.
+    s.runtime.options().redactor.redact_string(&mut msg.text);
     let router = gateway.router();
     let Some(route) = router.route(&msg) else {
         return Ok(ok(json!({ "ignored": "no agent to route the message to" })));

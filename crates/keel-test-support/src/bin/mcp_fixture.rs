@@ -10,6 +10,9 @@
 //! `mcp-fixture --exit-at-start` exits with code 3 before speaking MCP, to
 //! stand for a server that cannot start.
 //!
+//! `mcp-fixture --print-env NAME` first writes `NAME=<value>` to stderr,
+//! which keel copies into its log: a server that logs its own secret.
+//!
 //! `mcp-fixture --plant` serves a plant data server instead, as most MCP
 //! servers are written: its tools carry no annotations at all, including
 //! `restart_furnace`, which only the operator's configuration can mark as
@@ -277,6 +280,13 @@ async fn main() {
     if std::env::args().any(|a| a == "--exit-at-start") {
         eprintln!("mcp-fixture: exiting at start as asked");
         std::process::exit(3);
+    }
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--print-env")
+        && let Some(name) = args.get(at + 1)
+    {
+        let value = std::env::var(name).unwrap_or_else(|_| "<unset>".into());
+        eprintln!("mcp-fixture: {name}={value}");
     }
     let fixture = Fixture {
         plant: std::env::args().any(|a| a == "--plant"),

@@ -59,6 +59,7 @@ pub struct TestRuntimeBuilder {
     principal: Principal,
     wait: Duration,
     coordination: Option<CoordinationOf>,
+    secrets: Vec<String>,
 }
 
 impl TestRuntimeBuilder {
@@ -101,6 +102,13 @@ impl TestRuntimeBuilder {
     /// principal `alice`, no roles).
     pub fn principal(mut self, principal: Principal) -> Self {
         self.principal = principal;
+        self
+    }
+
+    /// Secret values the runtime redacts, as `keel serve` redacts the
+    /// ones it reads from its environment (default: none).
+    pub fn redact(mut self, secrets: &[&str]) -> Self {
+        self.secrets.extend(secrets.iter().map(|s| (*s).to_owned()));
         self
     }
 
@@ -174,6 +182,8 @@ impl TestRuntimeBuilder {
             similarity: None,
             outbound: None,
             admission: None,
+            redactor: keel_protocol::Redactor::new(&self.secrets)
+                .map_err(|e| anyhow!("the test secrets: {e}"))?,
         };
         let coordination: Arc<dyn Coordination> = match self.coordination {
             Some(make) => make(store.clone()),
@@ -256,6 +266,7 @@ impl TestRuntime {
             },
             wait: DEFAULT_WAIT,
             coordination: None,
+            secrets: Vec::new(),
         }
     }
 
