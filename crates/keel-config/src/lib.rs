@@ -13,6 +13,7 @@ pub mod reference;
 mod report;
 mod schema;
 mod semantic;
+pub mod tenants;
 mod tree;
 
 pub use env::{Env, MapEnv, ProcessEnv, expand_env_refs, secret_from_env};
@@ -22,3 +23,4 @@ pub use model::*;
 pub use problem::{ConfigErrors, Loaded, Problem, Severity};
 pub use report::render_report;
 pub use semantic::BUILTIN_TOOLS;
+pub use tenants::TenantConfig;
