@@ -9,6 +9,7 @@ pub mod event;
 pub mod message;
 pub mod model;
 pub mod principal;
+pub mod quota;
 pub mod run;
 pub mod store;
 pub mod tool;
@@ -24,6 +25,7 @@ pub use model::{
     Understanding, WireCache,
 };
 pub use principal::Principal;
+pub use quota::{QuotaKey, QuotaLimit};
 pub use run::{Budget, ErrorBody, Pending, RunRecord, RunStatus, Usage};
 pub use store::{
     ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, NewRun, RunFilter, RunPage, RunPatch,
