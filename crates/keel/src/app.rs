@@ -331,6 +331,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         admission: keel_server::gateway::HttpAdmission::from_config(&config, &env)
             .context("setting up the before_tool_call hooks")?
             .map(|a| Arc::new(a) as Arc<dyn keel_core::Admission>),
+        quotas: keel_core::Quotas::new(&config.tenants),
     };
     let runtime =
         Runtime::with_coordination(store, coord, toolset, agents, &default_agent, options)?;

@@ -158,6 +158,7 @@ impl TestRuntimeBuilder {
             similarity: None,
             outbound: None,
             admission: None,
+            quotas: keel_core::Quotas::new(&config.tenants),
         };
         let runtime = Runtime::new(
             store,
