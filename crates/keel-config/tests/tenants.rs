@@ -1,5 +1,5 @@
 //! `[[tenants]]` quotas: values that cannot work are errors naming their key.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use keel_config::{ConfigErrors, Loaded, MapEnv, Severity, load_str};
 
