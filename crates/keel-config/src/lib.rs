@@ -14,6 +14,7 @@ mod report;
 mod schema;
 pub mod secrets;
 mod semantic;
+pub mod tenants;
 mod tree;
 
 pub use env::{Env, MapEnv, ProcessEnv, expand_env_refs, secret_from_env};
@@ -24,3 +25,4 @@ pub use problem::{ConfigErrors, Loaded, Problem, Severity};
 pub use report::render_report;
 pub use secrets::{SecretValue, secret_values};
 pub use semantic::BUILTIN_TOOLS;
+pub use tenants::TenantConfig;

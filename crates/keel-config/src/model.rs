@@ -43,6 +43,9 @@ pub struct Config {
     pub channels: Vec<ChannelConfig>,
     #[serde(default)]
     pub routing: RoutingConfig,
+    /// Per-tenant quotas (docs/quotas.md); a tenant not listed is unlimited.
+    #[serde(default)]
+    pub tenants: Vec<crate::tenants::TenantConfig>,
 }
 
 /// OpenTelemetry traces: one `invoke_agent` span per run, `chat` per model

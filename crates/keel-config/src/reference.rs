@@ -682,6 +682,7 @@ mod tests {
             "`[[routing.bindings]]`",
             "`[[routing.identity_links]]`",
             "`[[routing.identity_links.identities]]`",
+            "`[[tenants]]`",
         ] {
             assert!(doc.contains(&format!(" {header}\n")), "no section {header}");
         }

@@ -100,6 +100,21 @@ pub(crate) static ROOT: &[Field] = &[
         },
     ),
     opt("routing", Ty::Table(ROUTING)),
+    opt(
+        "tenants",
+        Ty::Tables {
+            fields: TENANT,
+            key: Some("id"),
+        },
+    ),
+];
+
+static TENANT: &[Field] = &[
+    req("id", Ty::Str),
+    opt("max_concurrent_runs", U64),
+    opt("runs_per_minute", U64),
+    opt("tool_calls_per_day", U64),
+    opt("tokens_per_day", U64),
 ];
 
 static CHANNEL: &[Field] = &[
@@ -992,6 +1007,13 @@ mod tests {
                     tools: vec!["plant.*".into()],
                 }],
             },
+            tenants: vec![crate::tenants::TenantConfig {
+                id: "t".into(),
+                max_concurrent_runs: Some(1),
+                runs_per_minute: Some(2),
+                tool_calls_per_day: Some(3),
+                tokens_per_day: Some(4),
+            }],
         };
         let text = toml::to_string(&config).unwrap();
         let doc = toml::de::DeTable::parse(&text).unwrap();

@@ -30,6 +30,7 @@ pub(crate) fn check(config: &Config, env: &dyn Env, found: &mut Findings) {
     check_auth(config, env, found);
     check_memory(config, env, found);
     gateway::check(config, env, found);
+    check_tenants(config, found);
     if let Some(url) = &config.telemetry.otlp_endpoint {
         check_http_url(found, &root("telemetry").key("otlp_endpoint"), url);
     }
@@ -595,6 +596,23 @@ fn check_http_url(found: &mut Findings, key: &KeyPath, url: &str) {
         .or_else(|| url.strip_prefix("https://"));
     if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) {
         found.error_at(key, format!("{url:?} is not an http:// or https:// URL"));
+    }
+}
+
+fn check_tenants(config: &Config, found: &mut Findings) {
+    let ids: Vec<&str> = config.tenants.iter().map(|t| t.id.as_str()).collect();
+    unique_names(found, "tenants", "id", "tenant id", &ids);
+    for (i, tenant) in config.tenants.iter().enumerate() {
+        let at = root("tenants").index(i);
+        for (key, value) in tenant.limits() {
+            // Zero would refuse everything; leaving the key out means no limit.
+            if value == Some(0) && !found.is_invalid(&at.key(key)) {
+                found.error_at(
+                    &at.key(key),
+                    "must be at least 1 (leave it out for no limit)".into(),
+                );
+            }
+        }
     }
 }
 

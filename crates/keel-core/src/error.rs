@@ -12,6 +12,9 @@ pub enum CoreError {
     Forbidden(String),
     #[error("configuration: {0}")]
     Config(String),
+    /// The tenant is at one of its quotas (`[[tenants]]`).
+    #[error("{0}")]
+    Quota(crate::quota::QuotaRejection),
     #[error("store: {0}")]
     Store(#[from] StoreError),
 }

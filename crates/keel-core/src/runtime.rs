@@ -58,6 +58,8 @@ pub struct RuntimeOptions {
     /// (see `redacting_model`, `observe`), and every commit is checked
     /// again. The default redacts nothing.
     pub redactor: keel_protocol::Redactor,
+    /// Per-tenant quotas (`[[tenants]]`); empty = no tenant is limited.
+    pub quotas: crate::quota::Quotas,
 }
 
 struct Handle {
@@ -362,7 +364,25 @@ impl Runtime {
             CoreError::Config(m) => CoreError::BadRequest(format!("tools: {m}")),
             other => other,
         })?;
-        let (record, created) = self.shared.store.create_run(new).await?;
+        let tenant = new.principal.tenant.clone();
+        let run_id = new.id.clone();
+        let store = self.shared.store.as_ref();
+        let admitted = crate::quota::admit(&self.shared.options.quotas, store, &tenant, &run_id)
+            .await?
+            .map_err(CoreError::Quota)?;
+        let (record, created) = match store.create_run(new).await {
+            Ok((record, true)) => (record, true),
+            Ok((record, false)) => {
+                crate::quota::give_back(store, &run_id, admitted).await?;
+                (record, false)
+            }
+            Err(e) => {
+                if let Err(back) = crate::quota::give_back(store, &run_id, admitted).await {
+                    tracing::warn!(run = %run_id, error = %back, "quota taken for a run not created was not given back");
+                }
+                return Err(e.into());
+            }
+        };
         if created {
             let mut first = record.clone();
             // Persisted with the run's first commit (run_started).

@@ -9,6 +9,7 @@ pub mod event;
 pub mod message;
 pub mod model;
 pub mod principal;
+pub mod quota;
 pub mod redact;
 pub mod run;
 pub mod store;
@@ -25,6 +26,7 @@ pub use model::{
     Understanding, WireCache,
 };
 pub use principal::Principal;
+pub use quota::{QuotaKey, QuotaLimit};
 pub use redact::{REDACTED, Redactor, StreamRedactor};
 pub use run::{Budget, ErrorBody, Pending, RunRecord, RunStatus, Usage};
 pub use store::{

@@ -65,6 +65,10 @@ pub enum Budget {
     MaxWallTime,
     MaxTokens,
     MaxContextChars,
+    /// The tenant's daily server-side tool calls (`[[tenants]]`).
+    ToolCallsPerDay,
+    /// The tenant's daily model tokens (`[[tenants]]`).
+    TokensPerDay,
 }
 
 impl Budget {
@@ -75,7 +79,14 @@ impl Budget {
             Self::MaxWallTime => "max_wall_time",
             Self::MaxTokens => "max_tokens",
             Self::MaxContextChars => "max_context_chars",
+            Self::ToolCallsPerDay => "tool_calls_per_day",
+            Self::TokensPerDay => "tokens_per_day",
         }
+    }
+
+    /// A tenant quota shared by all its runs rather than this run's own.
+    pub fn is_tenant_quota(self) -> bool {
+        matches!(self, Self::ToolCallsPerDay | Self::TokensPerDay)
     }
 }
 

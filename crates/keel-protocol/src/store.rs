@@ -141,6 +141,37 @@ pub trait Store: ApprovalStore + Send + Sync {
         channel: &str,
         message_id: &str,
     ) -> Result<bool, StoreError>;
+
+    /// Adds `amount` to a quota counter if the total stays within `limit`,
+    /// in one conditional statement, so that nodes sharing the store never
+    /// together pass it. Returns the new total, or `None` (nothing added)
+    /// when it would go over.
+    async fn quota_take(
+        &self,
+        key: &crate::QuotaKey,
+        amount: u64,
+        limit: u64,
+    ) -> Result<Option<u64>, StoreError>;
+
+    /// Takes back `amount` of an earlier take its request did not use
+    /// after all; a counter never goes below zero.
+    async fn quota_give_back(&self, key: &crate::QuotaKey, amount: u64) -> Result<(), StoreError>;
+
+    /// A counter's value; zero when nothing was counted yet.
+    async fn quota_used(&self, key: &crate::QuotaKey) -> Result<u64, StoreError>;
+
+    /// Takes one of the tenant's run slots (`max_concurrent_runs`) for
+    /// `run_id` if fewer than `limit` are held. The commit that makes the
+    /// run terminal gives the slot back in its own transaction.
+    async fn take_run_slot(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        limit: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Gives back a slot whose run was not created after all.
+    async fn release_run_slot(&self, run_id: &str) -> Result<(), StoreError>;
 }
 
 /// A human decision a run waits for (SPEC §4.7). It binds the exact tool and

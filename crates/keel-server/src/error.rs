@@ -1,10 +1,10 @@
 //! The error body of SPEC §2: `{"error":{"code","message"}}` with an HTTP status.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use keel_core::CoreError;
-use keel_protocol::ErrorBody;
+use keel_core::{CoreError, QuotaRejection};
+use keel_protocol::{ErrorBody, QuotaLimit};
 use serde::Serialize;
 
 #[derive(Debug)]
@@ -12,6 +12,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// A tenant quota refused the request (429, with `Retry-After`).
+    pub quota: Option<QuotaExceeded>,
 }
 
 impl ApiError {
@@ -20,6 +22,23 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            quota: None,
+        }
+    }
+
+    /// 429: the tenant is at one of its quotas; `Retry-After` says when it frees.
+    pub fn quota(r: QuotaRejection) -> Self {
+        let message = r.to_string();
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: "quota_exceeded",
+            message,
+            quota: Some(QuotaExceeded {
+                tenant: r.tenant,
+                limit: r.limit,
+                value: r.value,
+                retry_after_s: r.retry_after_s,
+            }),
         }
     }
 
@@ -48,14 +67,37 @@ pub struct ErrorResponse {
     /// `payload_too_large`, `store_unavailable`, `memory_unavailable`, …);
     /// `message` says what went wrong and, for a bad field, names it.
     pub error: ErrorBody,
+    /// With `quota_exceeded` (429): which tenant limit refused the request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaExceeded>,
+}
+
+/// The tenant limit that refused a request (docs/quotas.md).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct QuotaExceeded {
+    pub tenant: String,
+    /// The limit's config key under `[[tenants]]`.
+    pub limit: QuotaLimit,
+    /// The configured value of the limit.
+    pub value: u64,
+    /// Seconds until the limit frees up, as in the `Retry-After` header.
+    pub retry_after_s: u64,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let retry_after = self.quota.as_ref().map(|q| q.retry_after_s);
         let body = ErrorResponse {
             error: ErrorBody::new(self.code, self.message),
+            quota: self.quota,
         };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
     }
 }
 
@@ -68,6 +110,7 @@ pub fn from_core(e: CoreError, what: &str) -> ApiError {
         CoreError::BadRequest(m) => ApiError::bad_request(m),
         CoreError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", m),
         CoreError::Config(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "config_error", m),
+        CoreError::Quota(r) => ApiError::quota(r),
         CoreError::Store(e) => {
             tracing::error!(error = %e, "store error while serving a request");
             ApiError::new(

@@ -440,3 +440,79 @@ async fn runs_and_events_match_their_schemas() {
     let (status, _, body) = stream(last + 1).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 }
+
+/// A run refused by a tenant quota: 429 with `Retry-After`, in the shape
+/// documented for both run-starting routes.
+#[tokio::test]
+async fn quota_refusals_match_their_documented_schemas() {
+    let rt = TestRuntime::builder(ScriptedModel::new(Vec::<Step>::new()))
+        .config_toml("[[tenants]]\nid = \"acme\"\ntokens_per_day = 5\n")
+        .build()
+        .await;
+    // The day's tokens are already spent.
+    let key = keel_protocol::QuotaKey::at(
+        "acme",
+        keel_protocol::QuotaLimit::TokensPerDay,
+        keel_protocol::now(),
+    );
+    rt.runtime()
+        .store()
+        .quota_take(&key, 10, u64::MAX)
+        .await
+        .unwrap();
+    let principal = Principal {
+        tenant: "acme".into(),
+        id: "alice".into(),
+        roles: vec![],
+    };
+    let state = AppState {
+        runtime: rt.runtime().clone(),
+        auth: Arc::new(Auth::with_keys([(KEY.to_owned(), principal)])),
+        max_body_bytes: 1 << 20,
+        metrics: keel_server::metrics::handle(),
+        memory: None,
+        gateway: None,
+    };
+    let doc = document();
+    for (path, body) in [
+        ("/ai/runs", json!({"input": "hi"})),
+        ("/v1/responses", json!({"model": "default", "input": "hi"})),
+    ] {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header(header::AUTHORIZATION, format!("Bearer {KEY}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let resp = keel_server::router(state.clone())
+            .oneshot(req)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+        let retry_after: u64 = resp.headers()[header::RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=86_400).contains(&retry_after), "{retry_after}");
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
+            .await
+            .unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            doc["paths"][path]["post"]["responses"]["429"]["headers"]["Retry-After"]["schema"]["type"],
+            "integer",
+            "{path} documents Retry-After"
+        );
+        let schema = response_schema(&doc, "post", path, 429);
+        check(&doc, &schema, &body, &format!("POST {path}"));
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("tokens_per_day = 5"),
+            "{body}"
+        );
+    }
+}

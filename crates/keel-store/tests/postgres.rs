@@ -196,3 +196,52 @@ async fn unreachable_server_is_a_backend_error() {
         Err(StoreError::Backend(_))
     ));
 }
+
+/// Two stores with pools of their own, as two nodes have, taking from one
+/// counter and one tenant's run slots at once: never more than the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pools_never_together_pass_a_quota() {
+    use keel_protocol::{QuotaKey, QuotaLimit};
+    let db = TestDb::create().await;
+    let a: Arc<dyn Store> = Arc::new(connect(&db).await);
+    let b: Arc<dyn Store> = Arc::new(connect(&db).await);
+    let key = QuotaKey {
+        tenant: keel_protocol::new_id("ten"),
+        limit: QuotaLimit::RunsPerMinute,
+        period: "2026-01-01T00:00".into(),
+    };
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let key = key.clone();
+            tokio::spawn(async move { store.quota_take(&key, 1, 9).await.unwrap() })
+        })
+        .collect();
+    let mut granted = 0;
+    for t in tasks {
+        if t.await.unwrap().is_some() {
+            granted += 1;
+        }
+    }
+    assert_eq!(granted, 9);
+    assert_eq!(a.quota_used(&key).await.unwrap(), 9);
+
+    let tenant = keel_protocol::new_id("ten");
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let tenant = tenant.clone();
+            tokio::spawn(async move {
+                let run = keel_protocol::new_id("run");
+                store.take_run_slot(&tenant, &run, 4).await.unwrap()
+            })
+        })
+        .collect();
+    let mut slots = 0;
+    for t in tasks {
+        if t.await.unwrap() {
+            slots += 1;
+        }
+    }
+    assert_eq!(slots, 4);
+}

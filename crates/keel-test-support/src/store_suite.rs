@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 
 use keel_protocol::{
     ApprovalRecord, ApprovalStatus, Commit, ErrorBody, Event, EventKind, Message, NewRun,
-    Principal, RunFilter, RunPatch, RunRecord, RunStatus, Store, StoreError, ToolCall, Usage,
-    new_id,
+    Principal, QuotaKey, QuotaLimit, RunFilter, RunPatch, RunRecord, RunStatus, Store, StoreError,
+    ToolCall, Usage, new_id,
 };
 
 /// Runs every check of this module, one after the other.
@@ -38,6 +38,8 @@ pub async fn run_all(store: Arc<dyn Store>) {
     approval_commit_is_atomic(&store).await;
     concurrent_deciders_one_wins(&store, 10).await;
     inbound_messages_count_once(&store, 10).await;
+    quota_takes_never_pass_the_limit(&store, 20).await;
+    run_slots_are_given_back_when_runs_end(&store, 8).await;
 }
 
 pub fn principal(tenant: &str) -> Principal {
@@ -1360,4 +1362,118 @@ pub async fn inbound_messages_count_once(store: &Arc<dyn Store>, writers: usize)
             .await
             .unwrap()
     );
+}
+
+/// Concurrent takes of a quota counter never together pass its limit, and
+/// counters of one tenant, limit or period do not touch another's.
+pub async fn quota_takes_never_pass_the_limit(store: &Arc<dyn Store>, takers: usize) {
+    let tenant = new_id("ten");
+    let key = QuotaKey {
+        tenant: tenant.clone(),
+        limit: QuotaLimit::ToolCallsPerDay,
+        period: "2026-01-01".into(),
+    };
+    let limit = 7;
+    let tasks: Vec<_> = (0..takers)
+        .map(|_| {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move { store.quota_take(&key, 1, limit).await })
+        })
+        .collect();
+    let mut totals = BTreeSet::new();
+    let mut taken = 0;
+    for t in tasks {
+        if let Some(total) = t.await.unwrap().unwrap() {
+            taken += 1;
+            totals.insert(total);
+        }
+    }
+    assert_eq!(taken, limit.min(takers as u64), "takes granted");
+    assert_eq!(
+        totals,
+        (1..=taken).collect::<BTreeSet<u64>>(),
+        "each granted take saw its own total"
+    );
+    assert_eq!(store.quota_used(&key).await.unwrap(), taken);
+    // A take bigger than what is left is refused whole; a smaller one fits.
+    store.quota_give_back(&key, 3).await.unwrap();
+    assert_eq!(store.quota_take(&key, 4, limit).await.unwrap(), None);
+    assert_eq!(store.quota_take(&key, 3, limit).await.unwrap(), Some(7));
+    assert_eq!(store.quota_take(&key, 8, limit).await.unwrap(), None);
+    // Giving back never goes below zero.
+    store.quota_give_back(&key, 100).await.unwrap();
+    assert_eq!(store.quota_used(&key).await.unwrap(), 0);
+
+    let next_day = QuotaKey {
+        period: "2026-01-02".into(),
+        ..key.clone()
+    };
+    let other_tenant = QuotaKey {
+        tenant: new_id("ten"),
+        ..key.clone()
+    };
+    let other_limit = QuotaKey {
+        limit: QuotaLimit::TokensPerDay,
+        ..key.clone()
+    };
+    for k in [&next_day, &other_tenant, &other_limit] {
+        assert_eq!(store.quota_used(k).await.unwrap(), 0);
+        assert_eq!(store.quota_take(k, 2, 2).await.unwrap(), Some(2));
+    }
+    assert_eq!(store.quota_used(&key).await.unwrap(), 0);
+}
+
+/// Run slots: at most `limit` held at once, even when taken concurrently;
+/// the commit that ends a run gives its slot back, once.
+pub async fn run_slots_are_given_back_when_runs_end(store: &Arc<dyn Store>, takers: usize) {
+    let tenant = new_id("ten");
+    let mut runs = Vec::new();
+    for _ in 0..takers {
+        runs.push(create(store, &tenant, &new_id("ses")).await);
+    }
+    let limit = 3;
+    let tasks: Vec<_> = runs
+        .iter()
+        .map(|r| {
+            let (store, tenant, id) = (store.clone(), tenant.clone(), r.id.clone());
+            tokio::spawn(
+                async move { (id.clone(), store.take_run_slot(&tenant, &id, limit).await) },
+            )
+        })
+        .collect();
+    let mut holders = Vec::new();
+    for t in tasks {
+        let (id, taken) = t.await.unwrap();
+        if taken.unwrap() {
+            holders.push(id);
+        }
+    }
+    assert_eq!(holders.len() as u64, limit.min(takers as u64));
+    let slots = QuotaKey {
+        tenant: tenant.clone(),
+        limit: QuotaLimit::MaxConcurrentRuns,
+        period: String::new(),
+    };
+    assert_eq!(store.quota_used(&slots).await.unwrap(), limit);
+
+    // A commit that does not end the run keeps the slot.
+    set_status(store, &holders[0], RunStatus::Running).await;
+    assert_eq!(store.quota_used(&slots).await.unwrap(), limit);
+    // Ending it gives the slot back; a second terminal commit gives nothing more.
+    set_status(store, &holders[0], RunStatus::Completed).await;
+    assert_eq!(store.quota_used(&slots).await.unwrap(), limit - 1);
+    set_status(store, &holders[0], RunStatus::Completed).await;
+    assert_eq!(store.quota_used(&slots).await.unwrap(), limit - 1);
+    // A slot of a run that was never created is given back by hand.
+    let ghost = new_id("run");
+    assert!(store.take_run_slot(&tenant, &ghost, limit).await.unwrap());
+    assert!(
+        !store
+            .take_run_slot(&tenant, &new_id("run"), limit)
+            .await
+            .unwrap()
+    );
+    store.release_run_slot(&ghost).await.unwrap();
+    store.release_run_slot(&ghost).await.unwrap();
+    assert_eq!(store.quota_used(&slots).await.unwrap(), limit - 1);
 }

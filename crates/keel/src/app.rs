@@ -337,6 +337,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             .context("setting up the before_tool_call hooks")?
             .map(|a| Arc::new(a) as Arc<dyn keel_core::Admission>),
         redactor,
+        quotas: keel_core::Quotas::new(&config.tenants),
     };
     let runtime =
         Runtime::with_coordination(store, coord, toolset, agents, &default_agent, options)?;

@@ -47,6 +47,20 @@ impl RunActor {
                         if let Err((hook, reason)) = self.admit(call, &cleared).await {
                             return self.refused_by_hook(call, events, hook, reason).await;
                         }
+                        if let Err(which) = crate::quota::spend_tool_call(
+                            &self.shared.options.quotas,
+                            self.shared.store.as_ref(),
+                            &self.principal.tenant,
+                        )
+                        .await?
+                        {
+                            let result = synthetic_result(
+                                call,
+                                format!("not executed: the tenant's {which} quota is used up"),
+                            );
+                            self.commit(events, vec![result]).await?;
+                            return Err(Exit::Budget(which));
+                        }
                         self.execute(call, cleared, events, snapshot).await?;
                         if self.spiralling_after_compaction() {
                             return self.end_spiral(call).await;

@@ -44,6 +44,8 @@ impl RunActor {
             self.call_model(request, Some(deadline))
                 .await
                 .map_err(|e| match e {
+                    // A tenant quota stops the closing call too: the caller answers without it.
+                    Exit::Budget(b) if b.is_tenant_quota() => Exit::Budget(b),
                     // The closing call has its own short deadline; running out again is a failure.
                     Exit::Budget(_) => Exit::Failed(ErrorBody::new(
                         "provider_error",
@@ -75,9 +77,21 @@ impl RunActor {
              so far, and say plainly what is incomplete."
         );
         loop {
-            let answer = self
+            let answer = match self
                 .answer_without_tools(None, &note, CompletionReason::BudgetExhausted)
-                .await?;
+                .await
+            {
+                // The tenant may not spend another model call today: the
+                // answer says so instead of the model.
+                Err(Exit::Budget(quota)) if quota.is_tenant_quota() => Answer {
+                    text: format!(
+                        "This run stopped: the tenant's {quota} quota is used up. \
+                         It resets at the start of the next UTC day."
+                    ),
+                    reason: CompletionReason::BudgetExhausted,
+                },
+                other => other?,
+            };
             if !self.conclude(answer).await? {
                 return Ok(());
             }

@@ -46,6 +46,13 @@ impl RunActor {
             self.unanswered_calls().is_empty(),
             "every tool call needs a result before the next model call"
         );
+        let quotas = &self.shared.options.quotas;
+        if let Err(which) =
+            crate::quota::check_tokens(quotas, self.shared.store.as_ref(), &self.principal.tenant)
+                .await?
+        {
+            return Err(Exit::Budget(which));
+        }
         let (tx, mut rx) = futures::channel::mpsc::unbounded::<String>();
         let model = self.agent.model.clone();
         let span = crate::otel::chat(model.model_name(), &self.run_id);
@@ -90,6 +97,16 @@ impl RunActor {
             Exit::Failed(ErrorBody::new("provider_error", e.to_string()))
         })?;
         crate::otel::record_chat(&span, &response);
+        crate::quota::spend_tokens(
+            &self.shared.options.quotas,
+            self.shared.store.as_ref(),
+            &self.principal.tenant,
+            response
+                .usage
+                .prompt_tokens
+                .saturating_add(response.usage.completion_tokens),
+        )
+        .await?;
         // Counts are the provider's word: they saturate rather than wrap
         // around, which would hide them from the token budget.
         self.usage.prompt_tokens = self

@@ -46,6 +46,8 @@ use crate::{ApiError, AppState};
         (status = 400, description = "Authentic but malformed", body = ErrorResponse),
         (status = 401, description = "A missing or wrong secret or signature, or a stale timestamp", body = ErrorResponse),
         (status = 404, description = "No such channel", body = ErrorResponse),
+        (status = 429, description = "The channel's tenant is at one of its quotas (`quota_exceeded`, docs/quotas.md)", body = ErrorResponse,
+            headers(("Retry-After" = u64, description = "Seconds until the limit frees up"))),
         (status = 503, description = "The store is unavailable", body = ErrorResponse),
     )
 )]

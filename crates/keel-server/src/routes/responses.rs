@@ -90,6 +90,8 @@ fn caller(s: &AppState, headers: &HeaderMap) -> Result<Principal, OaiError> {
         (status = 404, description = "`previous_response_id` or a replayed item names no response of the caller", body = OaiErrorResponse),
         (status = 409, description = "The conversation's run is not waiting for this", body = OaiErrorResponse),
         (status = 413, description = "The body is too large", body = OaiErrorResponse),
+        (status = 429, description = "A new conversation's run is refused by a tenant quota (`code`: `quota_exceeded`, docs/quotas.md)", body = OaiErrorResponse,
+            headers(("Retry-After" = u64, description = "Seconds until the limit frees up"))),
         (status = 503, description = "The store is unavailable", body = OaiErrorResponse),
     )
 )]

@@ -107,6 +107,8 @@ pub struct RunList {
         (status = 404, description = "No such agent", body = ErrorResponse),
         (status = 409, description = "Conflicts with a run of the session", body = ErrorResponse),
         (status = 413, description = "The body or input is too large", body = ErrorResponse),
+        (status = 429, description = "The tenant is at one of its quotas (`quota_exceeded`, docs/quotas.md); `quota` names the limit", body = ErrorResponse,
+            headers(("Retry-After" = u64, description = "Seconds until the limit frees up"))),
         (status = 503, description = "The store is unavailable", body = ErrorResponse),
     )
 )]

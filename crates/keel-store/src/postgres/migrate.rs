@@ -17,6 +17,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0002_approvals.sql"),
     include_str!("../../migrations/postgres/0003_leases.sql"),
     include_str!("../../migrations/postgres/0004_channel_messages.sql"),
+    include_str!("../../migrations/postgres/0005_quotas.sql"),
 ];
 
 /// Key of the advisory lock that serializes migrations ("keel" in ASCII).

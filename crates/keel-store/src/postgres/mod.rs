@@ -6,6 +6,7 @@ mod approvals;
 mod codec;
 mod coord;
 mod migrate;
+mod quota;
 mod reads;
 mod writes;
 
@@ -156,6 +157,40 @@ impl Store for PostgresStore {
         message_id: &str,
     ) -> Result<bool, StoreError> {
         writes::record_inbound(&self.pool, tenant, channel, message_id).await
+    }
+
+    async fn quota_take(
+        &self,
+        key: &keel_protocol::QuotaKey,
+        amount: u64,
+        limit: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        quota::take(&self.pool, key, amount, limit).await
+    }
+
+    async fn quota_give_back(
+        &self,
+        key: &keel_protocol::QuotaKey,
+        amount: u64,
+    ) -> Result<(), StoreError> {
+        quota::give_back(&self.pool, key, amount).await
+    }
+
+    async fn quota_used(&self, key: &keel_protocol::QuotaKey) -> Result<u64, StoreError> {
+        quota::used(&self.pool, key).await
+    }
+
+    async fn take_run_slot(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        limit: u64,
+    ) -> Result<bool, StoreError> {
+        quota::take_slot(&self.pool, tenant, run_id, limit).await
+    }
+
+    async fn release_run_slot(&self, run_id: &str) -> Result<(), StoreError> {
+        quota::release_slot(&self.pool, run_id).await
     }
 }
 

@@ -215,6 +215,7 @@ pub(super) async fn apply_commit(
     }
 
     let patch = commit.patch.unwrap_or_default();
+    let patch_ends_run = patch.status.is_some_and(RunStatus::is_terminal);
     // `pending` has three states (keep, clear, set), hence the flag next to the value.
     let (set_pending, pending) = match &patch.pending {
         None => (false, None),
@@ -248,6 +249,9 @@ pub(super) async fn apply_commit(
     .execute(&mut **tx)
     .await
     .map_err(db("updating run"))?;
+    if patch_ends_run {
+        super::quota::release_slot_in(tx, run_id).await?;
+    }
     Ok(events)
 }
 

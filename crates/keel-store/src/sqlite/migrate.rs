@@ -15,6 +15,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0002_approvals.sql"),
     include_str!("../../migrations/sqlite/0003_leases.sql"),
     include_str!("../../migrations/sqlite/0004_channel_messages.sql"),
+    include_str!("../../migrations/sqlite/0005_quotas.sql"),
 ];
 
 /// The schema version this build writes.

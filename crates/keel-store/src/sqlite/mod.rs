@@ -6,6 +6,7 @@ mod checkpoint;
 mod codec;
 mod migrate;
 mod pool;
+mod quota;
 mod reads;
 mod writer;
 mod writes;
@@ -17,8 +18,8 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use keel_protocol::{
-    ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, Event, Message, NewRun, RunFilter,
-    RunPage, RunRecord, Store, StoreError,
+    ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, Event, Message, NewRun, QuotaKey,
+    RunFilter, RunPage, RunRecord, Store, StoreError,
 };
 
 use codec::db;
@@ -203,6 +204,79 @@ impl Store for SqliteStore {
             })
             .await?;
         Ok(first == serde_json::Value::Bool(true))
+    }
+
+    async fn quota_take(
+        &self,
+        key: &QuotaKey,
+        amount: u64,
+        limit: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let key = key.clone();
+        let used = self
+            .exec(move |conn| {
+                let used = quota::take(conn, &key, amount, limit)?;
+                Ok(serde_json::json!(used))
+            })
+            .await?;
+        Ok(used.as_u64())
+    }
+
+    async fn quota_give_back(&self, key: &QuotaKey, amount: u64) -> Result<(), StoreError> {
+        let key = key.clone();
+        self.exec(move |conn| {
+            quota::give_back(conn, &key, amount)?;
+            Ok(serde_json::Value::Null)
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn quota_used(&self, key: &QuotaKey) -> Result<u64, StoreError> {
+        let key = key.clone();
+        self.readers.run(move |conn| quota::used(conn, &key)).await
+    }
+
+    async fn take_run_slot(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        limit: u64,
+    ) -> Result<bool, StoreError> {
+        let (tenant, run_id) = (tenant.to_owned(), run_id.to_owned());
+        let taken = self
+            .exec(move |conn| {
+                quota::take_slot(conn, &tenant, &run_id, limit).map(serde_json::Value::Bool)
+            })
+            .await?;
+        Ok(taken == serde_json::Value::Bool(true))
+    }
+
+    async fn release_run_slot(&self, run_id: &str) -> Result<(), StoreError> {
+        let run_id = run_id.to_owned();
+        self.exec(move |conn| {
+            quota::release_slot(conn, &run_id)?;
+            Ok(serde_json::Value::Null)
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+impl SqliteStore {
+    /// Runs a write of its own on the writer thread, inside its transaction.
+    async fn exec(
+        &self,
+        run: impl FnOnce(&rusqlite::Connection) -> Result<serde_json::Value, StoreError>
+        + Send
+        + 'static,
+    ) -> Result<serde_json::Value, StoreError> {
+        self.writer
+            .submit(|reply| WriteOp::Exec {
+                run: Box::new(run),
+                reply,
+            })
+            .await
     }
 }
 

@@ -152,6 +152,7 @@ pub(super) fn commit(
     }
 
     let patch = commit.patch.unwrap_or_default();
+    let patch_ends_run = patch.status.is_some_and(RunStatus::is_terminal);
     // `pending` has three states (keep, clear, set), hence the flag next to the value.
     let (set_pending, pending) = match &patch.pending {
         None => (false, None),
@@ -186,6 +187,9 @@ pub(super) fn commit(
         ts_text,
     ])
     .map_err(db("updating run"))?;
+    if patch_ends_run {
+        super::quota::release_slot(conn, run_id)?;
+    }
     Ok(events)
 }
 

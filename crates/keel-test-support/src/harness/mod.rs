@@ -184,6 +184,7 @@ impl TestRuntimeBuilder {
             admission: None,
             redactor: keel_protocol::Redactor::new(&self.secrets)
                 .map_err(|e| anyhow!("the test secrets: {e}"))?,
+            quotas: keel_core::Quotas::new(&config.tenants),
         };
         let coordination: Arc<dyn Coordination> = match self.coordination {
             Some(make) => make(store.clone()),

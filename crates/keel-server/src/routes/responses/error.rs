@@ -17,6 +17,8 @@ pub struct OaiError {
     pub kind: &'static str,
     pub param: Option<String>,
     pub code: Option<String>,
+    /// Seconds for `Retry-After` (a tenant quota refused the request).
+    pub retry_after: Option<u64>,
 }
 
 impl OaiError {
@@ -34,6 +36,7 @@ impl OaiError {
             kind: "invalid_request_error",
             param: (!param.is_empty()).then_some(param),
             code: None,
+            retry_after: None,
         }
     }
 
@@ -67,6 +70,7 @@ impl OaiError {
             kind: "server_error",
             param: None,
             code: Some("server_error".into()),
+            retry_after: None,
         }
     }
 
@@ -87,6 +91,7 @@ impl OaiError {
             kind,
             param: None,
             code: Some(code.to_owned()),
+            retry_after: e.quota.map(|q| q.retry_after_s),
         }
     }
 
@@ -102,6 +107,15 @@ impl OaiError {
                 .with_status(StatusCode::FORBIDDEN)
                 .with_code("forbidden"),
             CoreError::Config(m) => Self::server(m),
+            // OpenAI's SDKs raise their RateLimitError for a 429.
+            CoreError::Quota(r) => Self {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                message: r.to_string(),
+                kind: "rate_limit_error",
+                param: None,
+                code: Some("quota_exceeded".into()),
+                retry_after: Some(r.retry_after_s),
+            },
             CoreError::Store(e) => {
                 tracing::error!(error = %e, "store error while serving /v1/responses");
                 Self::server("the store is unavailable; try again")
@@ -120,7 +134,7 @@ pub struct OaiErrorResponse {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct OaiErrorDetail {
     pub message: String,
-    /// `invalid_request_error` or `server_error`.
+    /// `invalid_request_error`, `rate_limit_error` (429) or `server_error`.
     #[serde(rename = "type")]
     #[schema(value_type = String)]
     pub kind: &'static str,
@@ -140,6 +154,13 @@ impl IntoResponse for OaiError {
                 code: self.code,
             },
         };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
+        response
     }
 }

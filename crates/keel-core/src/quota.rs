@@ -1,0 +1,199 @@
+//! Tenant quotas (docs/quotas.md, OWASP LLM10): the limits of
+//! `[[tenants]]`, checked against counters in the store so that they hold
+//! across every node sharing it. A run is admitted here; a run in progress
+//! spends its tenant's daily tool calls and tokens through the same counters.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use keel_config::TenantConfig;
+use keel_protocol::{Budget, QuotaKey, QuotaLimit, Store, StoreError};
+
+/// The limits of every configured tenant; a tenant not listed is unlimited.
+#[derive(Debug, Clone, Default)]
+pub struct Quotas {
+    tenants: HashMap<String, TenantConfig>,
+}
+
+impl Quotas {
+    pub fn new(tenants: &[TenantConfig]) -> Self {
+        Self {
+            tenants: tenants.iter().map(|t| (t.id.clone(), t.clone())).collect(),
+        }
+    }
+
+    /// The value of `limit` for `tenant`, if one is set.
+    pub fn limit(&self, tenant: &str, limit: QuotaLimit) -> Option<u64> {
+        let t = self.tenants.get(tenant)?;
+        match limit {
+            QuotaLimit::MaxConcurrentRuns => t.max_concurrent_runs,
+            QuotaLimit::RunsPerMinute => t.runs_per_minute,
+            QuotaLimit::ToolCallsPerDay => t.tool_calls_per_day,
+            QuotaLimit::TokensPerDay => t.tokens_per_day,
+        }
+    }
+}
+
+/// A request refused because its tenant is at a limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaRejection {
+    pub tenant: String,
+    pub limit: QuotaLimit,
+    /// The configured value of the limit.
+    pub value: u64,
+    /// Seconds until the limit can free up.
+    pub retry_after_s: u64,
+}
+
+impl QuotaRejection {
+    fn new(tenant: &str, limit: QuotaLimit, value: u64, at: DateTime<Utc>) -> Self {
+        record_rejection(tenant, limit);
+        Self {
+            tenant: tenant.to_owned(),
+            limit,
+            value,
+            retry_after_s: limit.retry_after_s(at),
+        }
+    }
+}
+
+impl std::fmt::Display for QuotaRejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "tenant `{}` is at its quota {} = {}; retry in {} s",
+            self.tenant, self.limit, self.value, self.retry_after_s
+        )
+    }
+}
+
+/// Counts a refusal by quota, by tenant and limit (`/metrics`).
+pub(crate) fn record_rejection(tenant: &str, limit: QuotaLimit) {
+    metrics::counter!(
+        "keel_quota_rejections_total",
+        "tenant" => tenant.to_owned(),
+        "limit" => limit.as_str(),
+    )
+    .increment(1);
+}
+
+/// What admitting a run took, to give back if the run is not created.
+#[derive(Debug, Default)]
+pub(crate) struct Admitted {
+    minute: Option<QuotaKey>,
+    slot: bool,
+}
+
+/// Admits a new run of `tenant`, or says which limit refuses it. Daily
+/// limits already used up refuse it (it could do nothing); the per-minute
+/// count and a concurrency slot are taken, each by one conditional write.
+pub(crate) async fn admit(
+    quotas: &Quotas,
+    store: &dyn Store,
+    tenant: &str,
+    run_id: &str,
+) -> Result<Result<Admitted, QuotaRejection>, StoreError> {
+    let now = keel_protocol::now();
+    for daily in [QuotaLimit::ToolCallsPerDay, QuotaLimit::TokensPerDay] {
+        if let Some(value) = quotas.limit(tenant, daily)
+            && store.quota_used(&QuotaKey::at(tenant, daily, now)).await? >= value
+        {
+            return Ok(Err(QuotaRejection::new(tenant, daily, value, now)));
+        }
+    }
+    let mut admitted = Admitted::default();
+    if let Some(value) = quotas.limit(tenant, QuotaLimit::RunsPerMinute) {
+        let key = QuotaKey::at(tenant, QuotaLimit::RunsPerMinute, now);
+        if store.quota_take(&key, 1, value).await?.is_none() {
+            return Ok(Err(QuotaRejection::new(
+                tenant,
+                QuotaLimit::RunsPerMinute,
+                value,
+                now,
+            )));
+        }
+        admitted.minute = Some(key);
+    }
+    if let Some(value) = quotas.limit(tenant, QuotaLimit::MaxConcurrentRuns) {
+        if !store.take_run_slot(tenant, run_id, value).await? {
+            give_back(store, run_id, admitted).await?;
+            return Ok(Err(QuotaRejection::new(
+                tenant,
+                QuotaLimit::MaxConcurrentRuns,
+                value,
+                now,
+            )));
+        }
+        admitted.slot = true;
+    }
+    Ok(Ok(admitted))
+}
+
+/// Gives back what admitting a run took when the run was not created
+/// (a store error, or an idempotent repeat that returned an earlier run).
+pub(crate) async fn give_back(
+    store: &dyn Store,
+    run_id: &str,
+    admitted: Admitted,
+) -> Result<(), StoreError> {
+    if let Some(key) = admitted.minute {
+        store.quota_give_back(&key, 1).await?;
+    }
+    if admitted.slot {
+        store.release_run_slot(run_id).await?;
+    }
+    Ok(())
+}
+
+/// Spends one of the tenant's daily tool calls; the budget that ran out
+/// when none is left.
+pub(crate) async fn spend_tool_call(
+    quotas: &Quotas,
+    store: &dyn Store,
+    tenant: &str,
+) -> Result<Result<(), Budget>, StoreError> {
+    let Some(value) = quotas.limit(tenant, QuotaLimit::ToolCallsPerDay) else {
+        return Ok(Ok(()));
+    };
+    let key = QuotaKey::at(tenant, QuotaLimit::ToolCallsPerDay, keel_protocol::now());
+    if store.quota_take(&key, 1, value).await?.is_some() {
+        return Ok(Ok(()));
+    }
+    record_rejection(tenant, QuotaLimit::ToolCallsPerDay);
+    Ok(Err(Budget::ToolCallsPerDay))
+}
+
+/// Before a model call: the budget that ran out when the tenant's tokens
+/// for today are used up.
+pub(crate) async fn check_tokens(
+    quotas: &Quotas,
+    store: &dyn Store,
+    tenant: &str,
+) -> Result<Result<(), Budget>, StoreError> {
+    let Some(value) = quotas.limit(tenant, QuotaLimit::TokensPerDay) else {
+        return Ok(Ok(()));
+    };
+    let key = QuotaKey::at(tenant, QuotaLimit::TokensPerDay, keel_protocol::now());
+    if store.quota_used(&key).await? < value {
+        return Ok(Ok(()));
+    }
+    record_rejection(tenant, QuotaLimit::TokensPerDay);
+    Ok(Err(Budget::TokensPerDay))
+}
+
+/// After a model call: its tokens count against the tenant's day whatever
+/// the limit, since they are spent; the next call is refused if they
+/// reached it.
+pub(crate) async fn spend_tokens(
+    quotas: &Quotas,
+    store: &dyn Store,
+    tenant: &str,
+    tokens: u64,
+) -> Result<(), StoreError> {
+    if tokens == 0 || quotas.limit(tenant, QuotaLimit::TokensPerDay).is_none() {
+        return Ok(());
+    }
+    let key = QuotaKey::at(tenant, QuotaLimit::TokensPerDay, keel_protocol::now());
+    store.quota_take(&key, tokens, u64::MAX).await?;
+    Ok(())
+}

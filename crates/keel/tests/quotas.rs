@@ -1,0 +1,413 @@
+//! Tenant quotas (`[[tenants]]`, docs/quotas.md) through a real
+//! `keel serve`: a run beyond a limit is refused with 429 and a
+//! `Retry-After`, a run in progress that uses up its tenant's daily tool
+//! calls or tokens ends with `budget_exhausted`, another tenant is not
+//! affected, and nodes sharing PostgreSQL never together pass a limit.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use chrono::{Timelike, Utc};
+use common::{Env, KEY_ACME, KEY_GLOBEX, Keel};
+use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
+use keel_test_support::pg::TestDb;
+use keel_test_support::tool_server::ToolServer;
+use serde_json::{Value, json};
+
+/// The first user message of a model request.
+fn user_input(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn tool_results(request: &Value) -> usize {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .count()
+}
+
+/// The model, by the run's input: "shut …" asks for the dangerous
+/// `shutdown_line` (the run then waits for an approval, holding its slot);
+/// "read …" reads furnaces F1, F2, … until four results are in; "tokens …"
+/// reads furnaces reporting 700 tokens a call; anything else is answered.
+/// A request without tools (a closing answer) is answered.
+fn model() -> Script {
+    Script::handler(|req| {
+        let input = user_input(req);
+        let results = tool_results(req);
+        let offered = req["tools"].as_array().is_some_and(|t| !t.is_empty());
+        if !offered {
+            return Reply::text("Closing answer from what is known.");
+        }
+        let read = || {
+            Reply::tool_call(
+                "furnace_status",
+                json!({"furnace_id": format!("F{}", results + 1)}),
+            )
+        };
+        if input.starts_with("shut") && results == 0 {
+            Reply::tool_call("shutdown_line", json!({"furnace_id": "F2"}))
+        } else if input.starts_with("read") && results < 4 {
+            read()
+        } else if input.starts_with("tokens") {
+            read().with_usage(600, 100)
+        } else {
+            Reply::text("All done.")
+        }
+    })
+}
+
+fn env(model: &FakeOpenAi, tools: &ToolServer, tenants: &str) -> Env {
+    let mut env = Env::new(&model.base_url(), &tools.base_url());
+    env.auth = true;
+    env.extra_tools = tenants.to_owned();
+    env
+}
+
+/// A POST that keeps the headers.
+async fn post(keel: &Keel, input: &str, key: Option<&str>) -> (u16, Option<u64>, Value) {
+    let mut r = reqwest::Client::new()
+        .post(keel.url("/ai/runs"))
+        .json(&json!({"input": input}));
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    let resp = r.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+    let body: Value = resp.json().await.unwrap();
+    (status, retry_after, body)
+}
+
+/// Asserts a 429 body names the tenant, the limit and its value.
+fn assert_refused(body: &Value, tenant: &str, limit: &str, value: u64) {
+    assert_eq!(body["error"]["code"], "quota_exceeded", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(tenant) && message.contains(limit) && message.contains(&value.to_string()),
+        "{message}"
+    );
+    assert_eq!(body["quota"]["tenant"], tenant, "{body}");
+    assert_eq!(body["quota"]["limit"], limit, "{body}");
+    assert_eq!(body["quota"]["value"], value, "{body}");
+}
+
+/// Seconds until the next UTC midnight, as the server would compute them now.
+fn secs_to_midnight() -> u64 {
+    let now = Utc::now();
+    86_400 - u64::from(now.num_seconds_from_midnight())
+}
+
+/// Waits out the end of a minute, so that a test counting runs per minute
+/// does not straddle two minutes.
+async fn early_in_a_minute() {
+    let second = Utc::now().second();
+    if second > 40 {
+        tokio::time::sleep(Duration::from_secs(u64::from(61 - second))).await;
+    }
+}
+
+async fn completed(keel: &Keel, id: &str, key: &str) -> Value {
+    keel.wait_status(id, "completed", Some(key)).await
+}
+
+/// The `run_completed` reason and the `react_feedback` budget detail.
+async fn ending(keel: &Keel, id: &str, key: &str) -> (String, Vec<String>) {
+    let frames = keel.events(id, None, Some(key)).await;
+    let reason = frames
+        .iter()
+        .find(|f| f.event == "run_completed")
+        .map(|f| f.data["reason"].as_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let feedback = frames
+        .iter()
+        .filter(|f| f.event == "react_feedback" && f.data["code"] == "budget_exhausted")
+        .map(|f| f.data["detail"].as_str().unwrap().to_owned())
+        .collect();
+    (reason, feedback)
+}
+
+#[tokio::test]
+async fn runs_per_minute_refuses_with_429_until_the_minute_ends() {
+    let model = FakeOpenAi::start(model()).await;
+    let tools = ToolServer::start().await;
+    let keel = Keel::start(&env(
+        &model,
+        &tools,
+        "[[tenants]]\nid = \"acme\"\nruns_per_minute = 2\n",
+    ))
+    .await;
+    early_in_a_minute().await;
+    for _ in 0..2 {
+        let (status, _, body) = post(&keel, "hello", Some(KEY_ACME)).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let before = Utc::now();
+    let (status, retry_after, body) = post(&keel, "hello", Some(KEY_ACME)).await;
+    let after = Utc::now();
+    assert_eq!(status, 429, "{body}");
+    assert_refused(&body, "acme", "runs_per_minute", 2);
+    let retry_after = retry_after.expect("a Retry-After header");
+    // The seconds left in the minute, rounded up.
+    let low = 60 - u64::from(after.second());
+    let high = 60 - u64::from(before.second());
+    assert!(
+        (low..=high).contains(&retry_after),
+        "Retry-After {retry_after} not in {low}..={high}"
+    );
+    assert_eq!(body["quota"]["retry_after_s"], retry_after);
+
+    // Another tenant is admitted and finishes.
+    let (status, _, body) = post(&keel, "hello", Some(KEY_GLOBEX)).await;
+    assert_eq!(status, 201, "{body}");
+    completed(&keel, body["id"].as_str().unwrap(), KEY_GLOBEX).await;
+
+    let (_, metrics) = keel.get("/metrics", None).await;
+    let metrics = metrics.as_str().unwrap().to_owned();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("keel_quota_rejections_total")
+                && l.contains("tenant=\"acme\"")
+                && l.contains("limit=\"runs_per_minute\"")),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_runs_are_limited_and_a_finished_run_frees_its_slot() {
+    let model = FakeOpenAi::start(model()).await;
+    let tools = ToolServer::start().await;
+    let keel = Keel::start(&env(
+        &model,
+        &tools,
+        "[[tenants]]\nid = \"acme\"\nmax_concurrent_runs = 1\n\n[[tenants]]\nid = \"globex\"\nmax_concurrent_runs = 1\n",
+    ))
+    .await;
+    // The run waits for an approval: it holds acme's one slot.
+    let waiting = keel.start_run("shut line F2 down", Some(KEY_ACME)).await;
+    keel.wait_status(&waiting, "waiting_approval", Some(KEY_ACME))
+        .await;
+    let (status, retry_after, body) = post(&keel, "hello", Some(KEY_ACME)).await;
+    assert_eq!(status, 429, "{body}");
+    assert_refused(&body, "acme", "max_concurrent_runs", 1);
+    assert_eq!(retry_after, Some(5));
+
+    // globex has a slot of its own, unaffected by acme's.
+    let other = keel.start_run("hello", Some(KEY_GLOBEX)).await;
+    completed(&keel, &other, KEY_GLOBEX).await;
+    let again = keel.start_run("hello", Some(KEY_GLOBEX)).await;
+    completed(&keel, &again, KEY_GLOBEX).await;
+
+    // Cancelling the waiting run gives its slot back.
+    let (code, body) = keel
+        .post(
+            &format!("/ai/runs/{waiting}/cancel"),
+            json!({}),
+            Some(KEY_ACME),
+        )
+        .await;
+    assert!(code == 200 || code == 202, "{code} {body}");
+    keel.wait_status(&waiting, "cancelled", Some(KEY_ACME))
+        .await;
+    let next = keel.start_run("hello", Some(KEY_ACME)).await;
+    completed(&keel, &next, KEY_ACME).await;
+}
+
+#[tokio::test]
+async fn tool_calls_per_day_ends_the_run_with_budget_exhausted() {
+    let model = FakeOpenAi::start(model()).await;
+    let tools = ToolServer::start().await;
+    let keel = Keel::start(&env(
+        &model,
+        &tools,
+        "[[tenants]]\nid = \"acme\"\ntool_calls_per_day = 2\n\n[[tenants]]\nid = \"globex\"\ntool_calls_per_day = 100\n",
+    ))
+    .await;
+    let id = keel.start_run("read the furnaces", Some(KEY_ACME)).await;
+    let run = completed(&keel, &id, KEY_ACME).await;
+    assert_eq!(tools.count("furnace"), 2, "only two calls ran");
+    assert_eq!(run["output"], "Closing answer from what is known.");
+    let (reason, feedback) = ending(&keel, &id, KEY_ACME).await;
+    assert_eq!(reason, "budget_exhausted");
+    assert_eq!(feedback, vec!["tool_calls_per_day reached".to_owned()]);
+
+    // The day's calls are used up: a new run is refused until midnight UTC.
+    let (status, retry_after, body) = post(&keel, "read more", Some(KEY_ACME)).await;
+    assert_eq!(status, 429, "{body}");
+    assert_refused(&body, "acme", "tool_calls_per_day", 2);
+    let expected = secs_to_midnight();
+    let retry_after = retry_after.unwrap();
+    assert!(
+        retry_after.abs_diff(expected) <= 2,
+        "Retry-After {retry_after}, expected about {expected}"
+    );
+
+    // globex's calls are counted apart.
+    let other = keel.start_run("read the furnaces", Some(KEY_GLOBEX)).await;
+    let run = completed(&keel, &other, KEY_GLOBEX).await;
+    assert_eq!(run["output"], "All done.");
+    assert_eq!(tools.count("furnace"), 6);
+}
+
+#[tokio::test]
+async fn tokens_per_day_ends_the_run_without_another_model_call() {
+    let model = FakeOpenAi::start(model()).await;
+    let tools = ToolServer::start().await;
+    let keel = Keel::start(&env(
+        &model,
+        &tools,
+        "[[tenants]]\nid = \"acme\"\ntokens_per_day = 1000\n",
+    ))
+    .await;
+    let id = keel.start_run("tokens please", Some(KEY_ACME)).await;
+    let run = completed(&keel, &id, KEY_ACME).await;
+    // 700 tokens, then 1400: the third call is not made.
+    assert_eq!(model.request_count(), 2);
+    assert_eq!(tools.count("furnace"), 2);
+    assert!(
+        run["output"].as_str().unwrap().contains("tokens_per_day"),
+        "{run}"
+    );
+    let (reason, feedback) = ending(&keel, &id, KEY_ACME).await;
+    assert_eq!(reason, "budget_exhausted");
+    assert_eq!(feedback, vec!["tokens_per_day reached".to_owned()]);
+
+    let (status, retry_after, body) = post(&keel, "hello", Some(KEY_ACME)).await;
+    assert_eq!(status, 429, "{body}");
+    assert_refused(&body, "acme", "tokens_per_day", 1000);
+    assert!(retry_after.unwrap().abs_diff(secs_to_midnight()) <= 2);
+
+    let other = keel.start_run("hello", Some(KEY_GLOBEX)).await;
+    let run = completed(&keel, &other, KEY_GLOBEX).await;
+    assert_eq!(run["output"], "All done.");
+}
+
+/// Two nodes on one database, no API keys (tenant `default`).
+async fn two_nodes(
+    model: &FakeOpenAi,
+    tools: &ToolServer,
+    db: &TestDb,
+    tenants: &str,
+) -> Vec<Keel> {
+    let mut nodes = Vec::new();
+    for name in ["node-a", "node-b"] {
+        let mut env = Env::new(&model.base_url(), &tools.base_url());
+        env.server_extra = format!("database_url = \"{}\"\nnode_id = \"{name}\"\n", db.url);
+        env.extra_tools = tenants.to_owned();
+        nodes.push(Keel::start(&env).await);
+    }
+    nodes
+}
+
+/// Starts `n` runs at once, alternating between the nodes; the statuses.
+async fn start_at_once(nodes: &[Keel], n: usize, input: &str) -> Vec<(u16, Value)> {
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let url = nodes[i % nodes.len()].url("/ai/runs");
+        let input = input.to_owned();
+        set.spawn(async move {
+            let resp = reqwest::Client::new()
+                .post(url)
+                .json(&json!({"input": input}))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap())
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        out.push(r.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_never_together_pass_runs_per_minute() {
+    let db = TestDb::create().await;
+    let model = FakeOpenAi::start(model()).await;
+    let tools = ToolServer::start().await;
+    let nodes = two_nodes(
+        &model,
+        &tools,
+        &db,
+        "[[tenants]]\nid = \"default\"\nruns_per_minute = 3\n",
+    )
+    .await;
+    early_in_a_minute().await;
+    let results = start_at_once(&nodes, 12, "hello").await;
+    let admitted: Vec<&Value> = results
+        .iter()
+        .filter(|(s, _)| *s == 201)
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(admitted.len(), 3, "{results:?}");
+    for (status, body) in &results {
+        if *status != 201 {
+            assert_eq!(*status, 429, "{body}");
+            assert_refused(body, "default", "runs_per_minute", 3);
+        }
+    }
+    for run in admitted {
+        nodes[0]
+            .wait_status(run["id"].as_str().unwrap(), "completed", None)
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_never_together_pass_max_concurrent_runs() {
+    let db = TestDb::create().await;
+    let model = FakeOpenAi::start(model()).await;
+    let tools = ToolServer::start().await;
+    let nodes = two_nodes(
+        &model,
+        &tools,
+        &db,
+        "[[tenants]]\nid = \"default\"\nmax_concurrent_runs = 2\n",
+    )
+    .await;
+    // Each admitted run waits for an approval and keeps its slot.
+    let results = start_at_once(&nodes, 10, "shut line F2 down").await;
+    let admitted: Vec<String> = results
+        .iter()
+        .filter(|(s, _)| *s == 201)
+        .map(|(_, b)| b["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(admitted.len(), 2, "{results:?}");
+    for (status, body) in &results {
+        if *status != 201 {
+            assert_eq!(*status, 429, "{body}");
+            assert_refused(body, "default", "max_concurrent_runs", 2);
+        }
+    }
+    for id in &admitted {
+        nodes[1].wait_status(id, "waiting_approval", None).await;
+    }
+    let (status, _, body) = post(&nodes[1], "hello", None).await;
+    assert_eq!(status, 429, "{body}");
+    // A cancelled run frees its slot, whichever node ends it.
+    let (code, body) = nodes[0]
+        .post(&format!("/ai/runs/{}/cancel", admitted[0]), json!({}), None)
+        .await;
+    assert!(code == 200 || code == 202, "{code} {body}");
+    nodes[0].wait_status(&admitted[0], "cancelled", None).await;
+    let (status, _, body) = post(&nodes[1], "hello", None).await;
+    assert_eq!(status, 201, "{body}");
+}
