@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{Env, KEY_ACME, KEY_GLOBEX, Keel, assert_gap_free};
+use common::{Env, KEY_ACME, KEY_GLOBEX, Keel, assert_gap_free, tool_results};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::sse::{Frame, read_frames};
 use keel_test_support::tool_server::ToolServer;
@@ -114,16 +114,6 @@ fn is_compaction(req: &Value) -> bool {
 
 fn is_routing(req: &Value) -> bool {
     system_text(req).contains("Classify the user's message")
-}
-
-/// Tool results in the request: the step the run is at, as the model sees it.
-fn tool_results(req: &Value) -> usize {
-    req["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .count()
 }
 
 fn of_type<'a>(frames: &'a [Frame], t: &str) -> Vec<&'a Frame> {

@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Env, Keel, assert_gap_free};
+use common::{Env, Keel, assert_gap_free, tool_results, user_input};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::sse::read_frames;
 use keel_test_support::tool_server::ToolServer;
@@ -33,27 +33,6 @@ fn memory_mib(pid: u32) -> (f64, f64) {
             / 1024.0
     };
     (field("VmHWM:"), field("VmRSS:"))
-}
-
-/// The first user message of a model request.
-fn user_input(request: &Value) -> String {
-    request["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_owned()
-}
-
-fn tool_results(request: &Value) -> usize {
-    request["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .count()
 }
 
 /// Starts `inputs` through `base` with at most `parallel` requests at once;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     Env, Keel, assert_gap_free, assert_transfer_denied_by_provenance, bank_tools,
-    obedient_bank_model, wait_until_asked,
+    obedient_bank_model, tool_results, user_input, wait_until_asked,
 };
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::tcp_proxy::TcpProxy;
@@ -70,27 +70,6 @@ async fn start_nodes(model: &FakeOpenAi, tools: &ToolServer, db: &TestDb) -> Vec
         nodes.push(Keel::start(&env(model, tools, db, name)).await);
     }
     nodes
-}
-
-/// The first user message of a model request.
-fn user_input(request: &Value) -> String {
-    request["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_owned()
-}
-
-fn tool_results(request: &Value) -> usize {
-    request["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .count()
 }
 
 async fn start_run(node: &Keel, input: &str) -> String {

@@ -10,32 +10,11 @@ mod common;
 use std::time::Duration;
 
 use chrono::{Timelike, Utc};
-use common::{Env, KEY_ACME, KEY_GLOBEX, Keel};
+use common::{Env, KEY_ACME, KEY_GLOBEX, Keel, tool_results, user_input};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::pg::TestDb;
 use keel_test_support::tool_server::ToolServer;
 use serde_json::{Value, json};
-
-/// The first user message of a model request.
-fn user_input(request: &Value) -> String {
-    request["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_owned()
-}
-
-fn tool_results(request: &Value) -> usize {
-    request["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .count()
-}
 
 /// The model, by the run's input: "shut …" asks for the dangerous
 /// `shutdown_line` (the run then waits for an approval, holding its slot);
@@ -73,6 +52,15 @@ fn env(model: &FakeOpenAi, tools: &ToolServer, tenants: &str) -> Env {
     env.auth = true;
     env.extra_tools = tenants.to_owned();
     env
+}
+
+/// One `keel serve` with API keys for acme and globex and these
+/// `[[tenants]]`, over the scripted model and the tool backend.
+async fn serve(tenants: &str) -> (FakeOpenAi, ToolServer, Keel) {
+    let model = FakeOpenAi::start(model()).await;
+    let tools = ToolServer::start().await;
+    let keel = Keel::start(&env(&model, &tools, tenants)).await;
+    (model, tools, keel)
 }
 
 /// A POST that keeps the headers.
@@ -143,14 +131,7 @@ async fn ending(keel: &Keel, id: &str, key: &str) -> (String, Vec<String>) {
 
 #[tokio::test]
 async fn runs_per_minute_refuses_with_429_until_the_minute_ends() {
-    let model = FakeOpenAi::start(model()).await;
-    let tools = ToolServer::start().await;
-    let keel = Keel::start(&env(
-        &model,
-        &tools,
-        "[[tenants]]\nid = \"acme\"\nruns_per_minute = 2\n",
-    ))
-    .await;
+    let (_model, _tools, keel) = serve("[[tenants]]\nid = \"acme\"\nruns_per_minute = 2\n").await;
     early_in_a_minute().await;
     for _ in 0..2 {
         let (status, _, body) = post(&keel, "hello", Some(KEY_ACME)).await;
@@ -190,14 +171,7 @@ async fn runs_per_minute_refuses_with_429_until_the_minute_ends() {
 
 #[tokio::test]
 async fn concurrent_runs_are_limited_and_a_finished_run_frees_its_slot() {
-    let model = FakeOpenAi::start(model()).await;
-    let tools = ToolServer::start().await;
-    let keel = Keel::start(&env(
-        &model,
-        &tools,
-        "[[tenants]]\nid = \"acme\"\nmax_concurrent_runs = 1\n\n[[tenants]]\nid = \"globex\"\nmax_concurrent_runs = 1\n",
-    ))
-    .await;
+    let (_model, _tools, keel) = serve("[[tenants]]\nid = \"acme\"\nmax_concurrent_runs = 1\n\n[[tenants]]\nid = \"globex\"\nmax_concurrent_runs = 1\n").await;
     // The run waits for an approval: it holds acme's one slot.
     let waiting = keel.start_run("shut line F2 down", Some(KEY_ACME)).await;
     keel.wait_status(&waiting, "waiting_approval", Some(KEY_ACME))
@@ -230,14 +204,7 @@ async fn concurrent_runs_are_limited_and_a_finished_run_frees_its_slot() {
 
 #[tokio::test]
 async fn tool_calls_per_day_ends_the_run_with_budget_exhausted() {
-    let model = FakeOpenAi::start(model()).await;
-    let tools = ToolServer::start().await;
-    let keel = Keel::start(&env(
-        &model,
-        &tools,
-        "[[tenants]]\nid = \"acme\"\ntool_calls_per_day = 2\n\n[[tenants]]\nid = \"globex\"\ntool_calls_per_day = 100\n",
-    ))
-    .await;
+    let (_model, tools, keel) = serve("[[tenants]]\nid = \"acme\"\ntool_calls_per_day = 2\n\n[[tenants]]\nid = \"globex\"\ntool_calls_per_day = 100\n").await;
     let id = keel.start_run("read the furnaces", Some(KEY_ACME)).await;
     let run = completed(&keel, &id, KEY_ACME).await;
     assert_eq!(tools.count("furnace"), 2, "only two calls ran");
@@ -266,14 +233,7 @@ async fn tool_calls_per_day_ends_the_run_with_budget_exhausted() {
 
 #[tokio::test]
 async fn tokens_per_day_ends_the_run_without_another_model_call() {
-    let model = FakeOpenAi::start(model()).await;
-    let tools = ToolServer::start().await;
-    let keel = Keel::start(&env(
-        &model,
-        &tools,
-        "[[tenants]]\nid = \"acme\"\ntokens_per_day = 1000\n",
-    ))
-    .await;
+    let (model, tools, keel) = serve("[[tenants]]\nid = \"acme\"\ntokens_per_day = 1000\n").await;
     let id = keel.start_run("tokens please", Some(KEY_ACME)).await;
     let run = completed(&keel, &id, KEY_ACME).await;
     // 700 tokens, then 1400: the third call is not made.
@@ -442,14 +402,8 @@ fn median(mut xs: Vec<f64>) -> f64 {
 async fn a_tenant_at_its_limit_beside_another_tenant_measured() {
     const RUNS: usize = 30;
     const HAMMERS: usize = 8;
-    let model = FakeOpenAi::start(model()).await;
-    let tools = ToolServer::start().await;
-    let keel = Keel::start(&env(
-        &model,
-        &tools,
-        "[[tenants]]\nid = \"acme\"\nmax_concurrent_runs = 1\n",
-    ))
-    .await;
+    let (_model, _tools, keel) =
+        serve("[[tenants]]\nid = \"acme\"\nmax_concurrent_runs = 1\n").await;
     let alone = run_times(&keel, RUNS, KEY_GLOBEX).await;
 
     // acme's one slot is held by a run waiting for an approval; then acme

@@ -443,6 +443,28 @@ impl Keel {
     }
 }
 
+/// The first user message of a model request (what the run was started with).
+pub fn user_input(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Tool results in a model request: the step the run is at, as the model sees it.
+pub fn tool_results(request: &Value) -> usize {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .count()
+}
+
 /// Asserts the SPEC §3 framing invariants: seq gap-free from `first`, ids match seq.
 pub fn assert_gap_free(frames: &[Frame], first: u64) {
     for (i, f) in frames.iter().enumerate() {
