@@ -94,6 +94,17 @@ mod tests {
         }
     }
 
+    /// What an update gives for `messages`, and how many it encoded.
+    fn encode_all(cache: &mut Encoded<String>, messages: &[Message]) -> (Vec<String>, usize) {
+        let mut n = 0;
+        let got = cache
+            .update(messages, encode_counting(&mut n))
+            .unwrap()
+            .cloned()
+            .collect();
+        (got, n)
+    }
+
     fn whole(messages: &[Message]) -> Vec<String> {
         messages
             .iter()
@@ -105,49 +116,24 @@ mod tests {
     fn only_new_or_changed_messages_are_encoded() {
         let mut cache = Encoded::default();
         let mut history = vec![Message::system("s"), Message::user("u1")];
-        let mut n = 0;
-        let got: Vec<String> = cache
-            .update(&history, encode_counting(&mut n))
-            .unwrap()
-            .cloned()
-            .collect();
+        let (got, n) = encode_all(&mut cache, &history);
         assert_eq!((got, n), (whole(&history), 2));
 
         history.push(Message::user("u2"));
         history.push(Message::user("u3"));
-        let mut n = 0;
-        let got: Vec<String> = cache
-            .update(&history, encode_counting(&mut n))
-            .unwrap()
-            .cloned()
-            .collect();
+        let (got, n) = encode_all(&mut cache, &history);
         assert_eq!((got, n), (whole(&history), 2), "appended: two new");
 
         history[1] = Message::user("u1, shortened");
-        let mut n = 0;
-        let got: Vec<String> = cache
-            .update(&history, encode_counting(&mut n))
-            .unwrap()
-            .cloned()
-            .collect();
+        let (got, n) = encode_all(&mut cache, &history);
         assert_eq!((got, n), (whole(&history), 3), "changed in the middle");
 
         history.truncate(2);
-        let mut n = 0;
-        let got: Vec<String> = cache
-            .update(&history, encode_counting(&mut n))
-            .unwrap()
-            .cloned()
-            .collect();
+        let (got, n) = encode_all(&mut cache, &history);
         assert_eq!((got, n), (whole(&history), 0), "cut short");
         assert_eq!(cache.len(), 2);
 
-        let mut n = 0;
-        let got: Vec<String> = cache
-            .update(&[], encode_counting(&mut n))
-            .unwrap()
-            .cloned()
-            .collect();
+        let (got, n) = encode_all(&mut cache, &[]);
         assert!(got.is_empty() && n == 0);
     }
 
