@@ -14,6 +14,7 @@ mod report;
 mod schema;
 pub mod secrets;
 mod semantic;
+pub mod spend;
 pub mod tenants;
 mod tree;
 
@@ -25,4 +26,5 @@ pub use problem::{ConfigErrors, Loaded, Problem, Severity};
 pub use report::render_report;
 pub use secrets::{SecretValue, secret_values};
 pub use semantic::BUILTIN_TOOLS;
+pub use spend::Price;
 pub use tenants::TenantConfig;

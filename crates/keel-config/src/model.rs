@@ -191,6 +191,11 @@ pub struct ProviderConfig {
     /// Output token budget per model call when the loop names none.
     #[serde(default)]
     pub max_output_tokens: Option<u32>,
+    /// What the model costs, for spend limits (docs/spend.md). A model
+    /// without a price is refused when a spend limit applies; `local`
+    /// models cost nothing unless a price is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<crate::spend::Price>,
 }
 
 fn yes() -> bool {
@@ -265,6 +270,15 @@ pub struct AgentConfig {
     /// to reflection, so "done" is judged against it rather than guessed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub success_criterion: Option<String>,
+    /// The agent's model spend per UTC day in USD, over all tenants
+    /// (docs/spend.md); a run that would pass it ends with `budget_exhausted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(example = 50.0)]
+    pub spend_usd_per_day: Option<f64>,
+    /// As `spend_usd_per_day`, per UTC calendar month.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(example = 1000.0)]
+    pub spend_usd_per_month: Option<f64>,
 }
 
 /// A run's budgets. When one is exhausted, no more tools run: the model

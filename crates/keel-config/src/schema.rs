@@ -115,6 +115,8 @@ static TENANT: &[Field] = &[
     opt("runs_per_minute", U64),
     opt("tool_calls_per_day", U64),
     opt("tokens_per_day", U64),
+    opt("spend_usd_per_day", Ty::Number),
+    opt("spend_usd_per_month", Ty::Number),
 ];
 
 static CHANNEL: &[Field] = &[
@@ -249,6 +251,12 @@ static PROVIDER: &[Field] = &[
     opt("threads", U32),
     opt("requantize_q4_1", Ty::Bool),
     opt("max_output_tokens", U32),
+    opt("price", Ty::Table(PRICE)),
+];
+
+static PRICE: &[Field] = &[
+    req("input_usd_per_mtok", Ty::Number),
+    req("output_usd_per_mtok", Ty::Number),
 ];
 
 static AGENT: &[Field] = &[
@@ -263,6 +271,8 @@ static AGENT: &[Field] = &[
     opt("drift", Ty::Table(DRIFT)),
     opt("compaction", Ty::Table(COMPACTION)),
     opt("success_criterion", Ty::Str),
+    opt("spend_usd_per_day", Ty::Number),
+    opt("spend_usd_per_month", Ty::Number),
 ];
 
 static LIMITS: &[Field] = &[
@@ -815,6 +825,10 @@ mod tests {
                 threads: Some(2),
                 requantize_q4_1: Some(false),
                 max_output_tokens: Some(64),
+                price: Some(crate::spend::Price {
+                    input_usd_per_mtok: 1.0,
+                    output_usd_per_mtok: 2.0,
+                }),
             }],
             agents: vec![AgentConfig {
                 id: "a".into(),
@@ -828,6 +842,8 @@ mod tests {
                 drift: Drift::default(),
                 compaction: Compaction::default(),
                 success_criterion: Some("c".into()),
+                spend_usd_per_day: Some(1.0),
+                spend_usd_per_month: Some(2.0),
             }],
             tools: ToolsConfig {
                 mcp: vec![McpServerConfig {
@@ -1013,6 +1029,8 @@ mod tests {
                 runs_per_minute: Some(2),
                 tool_calls_per_day: Some(3),
                 tokens_per_day: Some(4),
+                spend_usd_per_day: Some(5.0),
+                spend_usd_per_month: Some(6.0),
             }],
         };
         let text = toml::to_string(&config).unwrap();

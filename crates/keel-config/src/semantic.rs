@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::env::{Env, referenced_vars};
 use crate::findings::Findings;
-use crate::model::{Config, HttpToolConfig, tool_pattern_matches};
+use crate::model::{Config, HttpToolConfig, ProviderKind, tool_pattern_matches};
 use crate::tree::KeyPath;
 
 /// Tools keel itself provides (SPEC §5); agents may name them without any
@@ -31,6 +31,7 @@ pub(crate) fn check(config: &Config, env: &dyn Env, found: &mut Findings) {
     check_memory(config, env, found);
     gateway::check(config, env, found);
     check_tenants(config, found);
+    check_spend(config, found);
     if let Some(url) = &config.telemetry.otlp_endpoint {
         check_http_url(found, &root("telemetry").key("otlp_endpoint"), url);
     }
@@ -612,6 +613,66 @@ fn check_tenants(config: &Config, found: &mut Findings) {
                     "must be at least 1 (leave it out for no limit)".into(),
                 );
             }
+        }
+    }
+}
+
+/// Prices and spend limits (docs/spend.md): amounts are USD, limits above
+/// zero; a model that a spend limit applies to but that has no price would
+/// have every call refused, which `keel check` says beforehand.
+fn check_spend(config: &Config, found: &mut Findings) {
+    for (i, p) in config.providers.iter().enumerate() {
+        let Some(price) = p.price else { continue };
+        let at = root("providers").index(i).key("price");
+        for (key, usd) in [
+            ("input_usd_per_mtok", price.input_usd_per_mtok),
+            ("output_usd_per_mtok", price.output_usd_per_mtok),
+        ] {
+            let valid = usd.is_finite() && usd >= 0.0;
+            if !valid && !found.is_invalid(&at.key(key)) {
+                found.error_at(&at.key(key), "must be a price of 0 or more USD".into());
+            }
+        }
+    }
+    let mut limit_at = Vec::new();
+    for (i, tenant) in config.tenants.iter().enumerate() {
+        for (key, usd) in tenant.spend_limits() {
+            limit_at.push((root("tenants").index(i).key(key), usd));
+        }
+    }
+    for (i, agent) in config.agents.iter().enumerate() {
+        let at = root("agents").index(i);
+        limit_at.push((at.key("spend_usd_per_day"), agent.spend_usd_per_day));
+        limit_at.push((at.key("spend_usd_per_month"), agent.spend_usd_per_month));
+    }
+    let mut any_limit = false;
+    for (at, usd) in limit_at {
+        let Some(usd) = usd else { continue };
+        any_limit = true;
+        let valid = usd.is_finite() && usd > 0.0;
+        if !valid && !found.is_invalid(&at) {
+            found.error_at(
+                &at,
+                "must be more than 0 USD (leave it out for no limit)".into(),
+            );
+        }
+    }
+    if !any_limit {
+        return;
+    }
+    for (i, agent) in config.agents.iter().enumerate() {
+        let Some(provider) = config.providers.iter().find(|p| p.name == agent.provider) else {
+            continue;
+        };
+        if provider.price.is_none() && provider.kind != ProviderKind::Local {
+            found.warning_at(
+                &root("agents").index(i).key("provider"),
+                format!(
+                    "provider `{}` has no `price`: with a spend limit set, every model call of \
+                     agent `{}` that a limit applies to is refused",
+                    provider.name, agent.id
+                ),
+            );
         }
     }
 }

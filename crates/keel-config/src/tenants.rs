@@ -32,6 +32,16 @@ pub struct TenantConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(example = 2000000)]
     pub tokens_per_day: Option<u64>,
+    /// Model spend per UTC day in USD, at the prices of `[[providers]]
+    /// price` (docs/spend.md); each model call reserves its worst-case cost
+    /// first, so the limit is never passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(example = 20.0)]
+    pub spend_usd_per_day: Option<f64>,
+    /// As `spend_usd_per_day`, per UTC calendar month.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(example = 400.0)]
+    pub spend_usd_per_month: Option<f64>,
 }
 
 impl TenantConfig {
@@ -42,6 +52,14 @@ impl TenantConfig {
             ("runs_per_minute", self.runs_per_minute),
             ("tool_calls_per_day", self.tool_calls_per_day),
             ("tokens_per_day", self.tokens_per_day),
+        ]
+    }
+
+    /// The spend limits in USD as (key, value) pairs.
+    pub fn spend_limits(&self) -> [(&'static str, Option<f64>); 2] {
+        [
+            ("spend_usd_per_day", self.spend_usd_per_day),
+            ("spend_usd_per_month", self.spend_usd_per_month),
         ]
     }
 }

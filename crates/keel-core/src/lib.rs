@@ -22,6 +22,7 @@ pub mod quota;
 mod redacting_model;
 pub mod runtime;
 pub mod session_reset;
+mod spend;
 mod state;
 mod telemetry;
 pub mod toolset;

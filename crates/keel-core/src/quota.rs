@@ -30,6 +30,10 @@ impl Quotas {
             QuotaLimit::RunsPerMinute => t.runs_per_minute,
             QuotaLimit::ToolCallsPerDay => t.tool_calls_per_day,
             QuotaLimit::TokensPerDay => t.tokens_per_day,
+            QuotaLimit::SpendUsdPerDay => t.spend_usd_per_day.map(keel_protocol::usd_to_micros),
+            QuotaLimit::SpendUsdPerMonth => t.spend_usd_per_month.map(keel_protocol::usd_to_micros),
+            // An agent's limits are the agent's (`crate::spend`).
+            QuotaLimit::AgentSpendUsdPerDay | QuotaLimit::AgentSpendUsdPerMonth => None,
         }
     }
 }
@@ -39,7 +43,7 @@ impl Quotas {
 pub struct QuotaRejection {
     pub tenant: String,
     pub limit: QuotaLimit,
-    /// The configured value of the limit.
+    /// The configured value of the limit (micro-USD for a spend limit).
     pub value: u64,
     /// Seconds until the limit can free up.
     pub retry_after_s: u64,
@@ -62,7 +66,10 @@ impl std::fmt::Display for QuotaRejection {
         write!(
             f,
             "tenant `{}` is at its quota {} = {}; retry in {} s",
-            self.tenant, self.limit, self.value, self.retry_after_s
+            self.tenant,
+            self.limit,
+            self.limit.readable_value(self.value),
+            self.retry_after_s
         )
     }
 }
@@ -85,7 +92,7 @@ pub(crate) struct Admitted {
 }
 
 /// Admits a new run of `tenant`, or says which limit refuses it. Daily
-/// limits already used up refuse it (it could do nothing); the per-minute
+/// and monthly limits already used up refuse it (it could do nothing); the per-minute
 /// count and a concurrency slot are taken, each by one conditional write.
 pub(crate) async fn admit(
     quotas: &Quotas,
@@ -94,7 +101,12 @@ pub(crate) async fn admit(
     run_id: &str,
 ) -> Result<Result<Admitted, QuotaRejection>, StoreError> {
     let now = keel_protocol::now();
-    for daily in [QuotaLimit::ToolCallsPerDay, QuotaLimit::TokensPerDay] {
+    for daily in [
+        QuotaLimit::ToolCallsPerDay,
+        QuotaLimit::TokensPerDay,
+        QuotaLimit::SpendUsdPerDay,
+        QuotaLimit::SpendUsdPerMonth,
+    ] {
         if let Some(value) = quotas.limit(tenant, daily)
             && store.quota_used(&QuotaKey::at(tenant, daily, now)).await? >= value
         {

@@ -26,7 +26,7 @@ pub use model::{
     Understanding, WireCache,
 };
 pub use principal::Principal;
-pub use quota::{QuotaKey, QuotaLimit};
+pub use quota::{MICROS_PER_USD, QuotaKey, QuotaLimit, usd_to_micros};
 pub use redact::{REDACTED, Redactor, StreamRedactor};
 pub use run::{Budget, ErrorBody, Pending, RunRecord, RunStatus, Usage};
 pub use store::{

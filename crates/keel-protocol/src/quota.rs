@@ -1,8 +1,10 @@
-//! Tenant quota counters as the store keeps them (docs/quotas.md).
+//! Tenant quota and spend counters as the store keeps them (docs/quotas.md,
+//! docs/spend.md).
 //!
-//! A counter is a number per (tenant, counter, period): the period is the
-//! UTC minute or day it counts in, or empty for a counter that is not per
-//! period (runs in progress). The store changes one only with a single
+//! A counter is a number per (owner, counter, period): the owner is the
+//! tenant, or the agent for an agent's spend limits; the period is the UTC
+//! minute, day or month it counts in, or empty for a counter that is not
+//! per period (runs in progress). The store changes one only with a single
 //! conditional statement, so nodes sharing it never together exceed a limit.
 
 use chrono::{DateTime, Datelike, Duration, TimeZone, Timelike, Utc};
@@ -16,6 +18,14 @@ pub enum QuotaLimit {
     RunsPerMinute,
     ToolCallsPerDay,
     TokensPerDay,
+    /// The tenant's model spend per UTC day, counted in micro-USD.
+    SpendUsdPerDay,
+    /// The tenant's model spend per UTC calendar month, in micro-USD.
+    SpendUsdPerMonth,
+    /// An agent's model spend per UTC day over all tenants, in micro-USD.
+    AgentSpendUsdPerDay,
+    /// An agent's model spend per UTC calendar month, in micro-USD.
+    AgentSpendUsdPerMonth,
 }
 
 impl QuotaLimit {
@@ -26,6 +36,32 @@ impl QuotaLimit {
             Self::RunsPerMinute => "runs_per_minute",
             Self::ToolCallsPerDay => "tool_calls_per_day",
             Self::TokensPerDay => "tokens_per_day",
+            Self::SpendUsdPerDay => "spend_usd_per_day",
+            Self::SpendUsdPerMonth => "spend_usd_per_month",
+            Self::AgentSpendUsdPerDay => "agent_spend_usd_per_day",
+            Self::AgentSpendUsdPerMonth => "agent_spend_usd_per_month",
+        }
+    }
+
+    /// Whether the counter holds micro-USD (a spend limit) rather than a count.
+    pub fn is_spend(self) -> bool {
+        matches!(
+            self,
+            Self::SpendUsdPerDay
+                | Self::SpendUsdPerMonth
+                | Self::AgentSpendUsdPerDay
+                | Self::AgentSpendUsdPerMonth
+        )
+    }
+
+    /// A limit's value as people read it: a count, or USD for a spend
+    /// limit (stored in micro-USD).
+    pub fn readable_value(self, value: u64) -> serde_json::Number {
+        if self.is_spend() {
+            serde_json::Number::from_f64(value as f64 / MICROS_PER_USD as f64)
+                .unwrap_or_else(|| serde_json::Number::from(value))
+        } else {
+            serde_json::Number::from(value)
         }
     }
 
@@ -34,12 +70,16 @@ impl QuotaLimit {
         match self {
             Self::MaxConcurrentRuns => String::new(),
             Self::RunsPerMinute => at.format("%Y-%m-%dT%H:%M").to_string(),
-            Self::ToolCallsPerDay | Self::TokensPerDay => at.format("%Y-%m-%d").to_string(),
+            Self::ToolCallsPerDay
+            | Self::TokensPerDay
+            | Self::SpendUsdPerDay
+            | Self::AgentSpendUsdPerDay => at.format("%Y-%m-%d").to_string(),
+            Self::SpendUsdPerMonth | Self::AgentSpendUsdPerMonth => at.format("%Y-%m").to_string(),
         }
     }
 
     /// Whole seconds from `at` until the limit can free up: the end of the
-    /// minute or of the UTC day. Runs in progress end at no known time;
+    /// minute, of the UTC day or of the UTC month. Runs in progress end at no known time;
     /// a client is told to try again shortly.
     pub fn retry_after_s(self, at: DateTime<Utc>) -> u64 {
         let until = match self {
@@ -48,10 +88,21 @@ impl QuotaLimit {
                 .with_second(0)
                 .and_then(|t| t.with_nanosecond(0))
                 .map(|t| t + Duration::minutes(1)),
-            Self::ToolCallsPerDay | Self::TokensPerDay => Utc
+            Self::ToolCallsPerDay
+            | Self::TokensPerDay
+            | Self::SpendUsdPerDay
+            | Self::AgentSpendUsdPerDay => Utc
                 .with_ymd_and_hms(at.year(), at.month(), at.day(), 0, 0, 0)
                 .single()
                 .map(|t| t + Duration::days(1)),
+            Self::SpendUsdPerMonth | Self::AgentSpendUsdPerMonth => {
+                let (year, month) = if at.month() == 12 {
+                    (at.year() + 1, 1)
+                } else {
+                    (at.year(), at.month() + 1)
+                };
+                Utc.with_ymd_and_hms(year, month, 1, 0, 0, 0).single()
+            }
         };
         let Some(until) = until else {
             return 1;
@@ -71,6 +122,19 @@ impl std::fmt::Display for QuotaLimit {
 /// Seconds a client refused for concurrency is told to wait.
 pub const CONCURRENCY_RETRY_S: u64 = 5;
 
+/// Spend counters count micro-USD, so that prices and limits add up
+/// exactly in integers.
+pub const MICROS_PER_USD: u64 = 1_000_000;
+
+/// USD as micro-USD, rounded up (a limit or a cost is never rounded away).
+pub fn usd_to_micros(usd: f64) -> u64 {
+    if usd.is_finite() && usd > 0.0 {
+        (usd * MICROS_PER_USD as f64).ceil() as u64
+    } else {
+        0
+    }
+}
+
 /// One counter in the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaKey {
@@ -80,7 +144,8 @@ pub struct QuotaKey {
 }
 
 impl QuotaKey {
-    /// The counter of `limit` for the period that holds `at`.
+    /// The counter of `limit` for the period that holds `at`; `tenant` is
+    /// the owner, the agent's id for an agent's spend limits.
     pub fn at(tenant: &str, limit: QuotaLimit, at: DateTime<Utc>) -> Self {
         Self {
             tenant: tenant.to_owned(),
@@ -123,5 +188,36 @@ mod tests {
         assert_eq!(QuotaLimit::RunsPerMinute.period(at), "2026-12-31T23:59");
         assert_eq!(QuotaLimit::ToolCallsPerDay.period(at), "2026-12-31");
         assert_eq!(QuotaLimit::MaxConcurrentRuns.period(at), "");
+        assert_eq!(QuotaLimit::SpendUsdPerDay.period(at), "2026-12-31");
+        assert_eq!(QuotaLimit::AgentSpendUsdPerMonth.period(at), "2026-12");
+    }
+
+    #[test]
+    fn a_monthly_limit_frees_at_the_next_month_across_the_year() {
+        assert_eq!(
+            QuotaLimit::SpendUsdPerMonth.retry_after_s(t("2026-12-31T23:59:59Z")),
+            1
+        );
+        assert_eq!(
+            QuotaLimit::SpendUsdPerMonth.retry_after_s(t("2026-02-27T00:00:00Z")),
+            2 * 86_400
+        );
+    }
+
+    #[test]
+    fn spend_values_read_in_usd_and_round_up() {
+        assert_eq!(usd_to_micros(2.5), 2_500_000);
+        assert_eq!(usd_to_micros(0.0000001), 1);
+        assert_eq!(usd_to_micros(-1.0), 0);
+        assert_eq!(
+            QuotaLimit::SpendUsdPerDay
+                .readable_value(1_500_000)
+                .to_string(),
+            "1.5"
+        );
+        assert_eq!(
+            QuotaLimit::RunsPerMinute.readable_value(60).to_string(),
+            "60"
+        );
     }
 }

@@ -69,6 +69,12 @@ pub enum Budget {
     ToolCallsPerDay,
     /// The tenant's daily model tokens (`[[tenants]]`).
     TokensPerDay,
+    /// The tenant's model spend today or this month (`[[tenants]]`).
+    SpendUsdPerDay,
+    SpendUsdPerMonth,
+    /// The agent's model spend today or this month, over all tenants.
+    AgentSpendUsdPerDay,
+    AgentSpendUsdPerMonth,
 }
 
 impl Budget {
@@ -81,12 +87,36 @@ impl Budget {
             Self::MaxContextChars => "max_context_chars",
             Self::ToolCallsPerDay => "tool_calls_per_day",
             Self::TokensPerDay => "tokens_per_day",
+            Self::SpendUsdPerDay => "spend_usd_per_day",
+            Self::SpendUsdPerMonth => "spend_usd_per_month",
+            Self::AgentSpendUsdPerDay => "agent_spend_usd_per_day",
+            Self::AgentSpendUsdPerMonth => "agent_spend_usd_per_month",
         }
     }
 
-    /// A tenant quota shared by all its runs rather than this run's own.
+    /// A limit shared by many runs (a tenant's quota, or a tenant's or
+    /// agent's spend) rather than this run's own: no further model call may
+    /// be made for it, not even for a closing answer.
     pub fn is_tenant_quota(self) -> bool {
-        matches!(self, Self::ToolCallsPerDay | Self::TokensPerDay)
+        matches!(
+            self,
+            Self::ToolCallsPerDay
+                | Self::TokensPerDay
+                | Self::SpendUsdPerDay
+                | Self::SpendUsdPerMonth
+                | Self::AgentSpendUsdPerDay
+                | Self::AgentSpendUsdPerMonth
+        )
+    }
+
+    /// When a shared limit frees up, for the answer of a run it stopped.
+    pub fn resets(self) -> &'static str {
+        match self {
+            Self::SpendUsdPerMonth | Self::AgentSpendUsdPerMonth => {
+                "at the start of the next UTC month"
+            }
+            _ => "at the start of the next UTC day",
+        }
     }
 }
 

@@ -36,7 +36,7 @@ impl ApiError {
             quota: Some(QuotaExceeded {
                 tenant: r.tenant,
                 limit: r.limit,
-                value: r.value,
+                value: r.limit.readable_value(r.value),
                 retry_after_s: r.retry_after_s,
             }),
         }
@@ -78,8 +78,9 @@ pub struct QuotaExceeded {
     pub tenant: String,
     /// The limit's config key under `[[tenants]]`.
     pub limit: QuotaLimit,
-    /// The configured value of the limit.
-    pub value: u64,
+    /// The configured value of the limit: a count, or USD for a spend limit.
+    #[schema(value_type = f64)]
+    pub value: serde_json::Number,
     /// Seconds until the limit frees up, as in the `Retry-After` header.
     pub retry_after_s: u64,
 }

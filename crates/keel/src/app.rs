@@ -252,10 +252,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             .with_context(|| {
                 format!("agent `{}` names a missing provider `{}`", a.id, a.provider)
             })?;
-        agents.push(AgentRuntime {
-            config: a.clone(),
-            model: model_client(provider, &env, Path::new(&config.server.data_dir))?,
-        });
+        agents.push(AgentRuntime::new(
+            a.clone(),
+            model_client(provider, &env, Path::new(&config.server.data_dir))?,
+            Some(provider),
+        ));
     }
     if agents.is_empty() {
         bail!("no agent is configured: add an [[agents]] section");

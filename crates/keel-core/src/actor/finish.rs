@@ -85,8 +85,8 @@ impl RunActor {
                 // answer says so instead of the model.
                 Err(Exit::Budget(quota)) if quota.is_tenant_quota() => Answer {
                     text: format!(
-                        "This run stopped: the tenant's {quota} quota is used up. \
-                         It resets at the start of the next UTC day."
+                        "This run stopped: the {quota} limit is used up. It resets {}.",
+                        quota.resets()
                     ),
                     reason: CompletionReason::BudgetExhausted,
                 },

@@ -35,7 +35,7 @@ impl RunActor {
 
     async fn call_model_with(
         &mut self,
-        request: ModelRequest,
+        mut request: ModelRequest,
         deadline: Option<Instant>,
         stream: bool,
     ) -> Result<(ModelResponse, Duration), Exit> {
@@ -53,6 +53,32 @@ impl RunActor {
         {
             return Err(Exit::Budget(which));
         }
+        // Reserved before the request is sent; a call that does not come
+        // back with an answer (cancelled, timed out, failed) keeps its
+        // worst case reserved, since it may have been billed.
+        let reservation = match crate::spend::reserve(
+            quotas,
+            self.shared.store.as_ref(),
+            &self.principal.tenant,
+            &self.agent,
+            &mut request,
+        )
+        .await?
+        {
+            Ok(reservation) => reservation,
+            Err(crate::spend::Refusal::Limit(which)) => return Err(Exit::Budget(which)),
+            Err(crate::spend::Refusal::Unpriced) => {
+                return Err(Exit::Failed(ErrorBody::new(
+                    "unpriced_model",
+                    format!(
+                        "model `{}` of agent `{}` has no price, and a spend limit applies to \
+                         this run: set `price` on its provider (docs/spend.md)",
+                        self.agent.model.model_name(),
+                        self.agent.config.id
+                    ),
+                )));
+            }
+        };
         let (tx, mut rx) = futures::channel::mpsc::unbounded::<String>();
         let model = self.agent.model.clone();
         let span = crate::otel::chat(model.model_name(), &self.run_id);
@@ -97,6 +123,14 @@ impl RunActor {
             Exit::Failed(ErrorBody::new("provider_error", e.to_string()))
         })?;
         crate::otel::record_chat(&span, &response);
+        crate::spend::settle(
+            self.shared.store.as_ref(),
+            &self.principal.tenant,
+            &self.agent,
+            reservation,
+            &response.usage,
+        )
+        .await?;
         crate::quota::spend_tokens(
             &self.shared.options.quotas,
             self.shared.store.as_ref(),

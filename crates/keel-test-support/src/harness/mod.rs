@@ -158,6 +158,7 @@ impl TestRuntimeBuilder {
         for edit in self.agent_edits {
             edit(&mut agent);
         }
+        let provider = config.providers.first().cloned();
         let guards = guards(&config, self.hooks)?;
         let dir = tempfile::tempdir().context("creating the store's temp dir")?;
         let url = format!("sqlite://{}", dir.path().join("keel.db").display());
@@ -194,10 +195,11 @@ impl TestRuntimeBuilder {
             store,
             coordination,
             tool_set,
-            vec![AgentRuntime {
-                config: agent,
-                model: Arc::new(self.model.clone()),
-            }],
+            vec![AgentRuntime::new(
+                agent,
+                Arc::new(self.model.clone()),
+                provider.as_ref(),
+            )],
             AGENT_ID,
             options,
         )

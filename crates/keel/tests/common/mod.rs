@@ -23,6 +23,8 @@ pub struct Env {
     pub tools_url: String,
     /// Extra TOML appended to the agent (e.g. an `[agents.limits]` table).
     pub agent_extra: String,
+    /// Extra keys of the provider (e.g. its `price`).
+    pub provider_extra: String,
     /// Extra TOML after the tools (e.g. `[tools.overrides]`, `[policy]`).
     pub extra_tools: String,
     pub stream: bool,
@@ -46,6 +48,7 @@ impl Env {
             model_url: model_url.to_owned(),
             tools_url: tools_url.to_owned(),
             agent_extra: String::new(),
+            provider_extra: String::new(),
             extra_tools: String::new(),
             stream: true,
             auth: false,
@@ -110,6 +113,7 @@ stream = {stream}
 max_retries = 2
 backoff_ms = 10
 timeout_s = 5
+{provider_extra}
 
 [[agents]]
 id = "default"
@@ -175,6 +179,7 @@ poll = true
         tools = env.tools_url,
         stream = env.stream,
         agent_extra = env.agent_extra,
+        provider_extra = env.provider_extra,
         // A JSON array of strings is a TOML array too.
         agent_tools = Value::from(env.agent_tools.clone()),
         drift = env.drift,
@@ -441,6 +446,23 @@ impl Keel {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// How a run ended: the `run_completed` reason and the details of its
+/// `budget_exhausted` feedback.
+pub async fn ending(keel: &Keel, id: &str, key: Option<&str>) -> (String, Vec<String>) {
+    let frames = keel.events(id, None, key).await;
+    let reason = frames
+        .iter()
+        .find(|f| f.event == "run_completed")
+        .map(|f| f.data["reason"].as_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let feedback = frames
+        .iter()
+        .filter(|f| f.event == "react_feedback" && f.data["code"] == "budget_exhausted")
+        .map(|f| f.data["detail"].as_str().unwrap().to_owned())
+        .collect();
+    (reason, feedback)
 }
 
 /// The first user message of a model request (what the run was started with).

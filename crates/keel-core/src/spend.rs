@@ -1,0 +1,161 @@
+//! Spend limits (docs/spend.md): a tenant's and an agent's model spend per
+//! UTC day and month. Each model call reserves its worst-case cost in the
+//! store before it is sent, by the same conditional write the quotas use,
+//! and settles to its real cost after; so nodes sharing the store never
+//! together pass a limit, whatever they do at the same moment.
+
+use keel_config::AgentConfig;
+use keel_protocol::{
+    Budget, ModelRequest, QuotaKey, QuotaLimit, Store, StoreError, TokenUsage, usd_to_micros,
+};
+
+use crate::agent::AgentRuntime;
+use crate::quota::{Quotas, record_rejection};
+
+/// The output cap put on a call that names none when a spend limit needs
+/// a bound for its worst case (and the provider configures none).
+pub(crate) const DEFAULT_OUTPUT_CAP: u32 = 4096;
+
+/// Tokens of framing per message and tool beyond their text (role and
+/// call markers of the chat template), generously.
+const FRAMING_TOKENS: u64 = 16;
+
+/// What one model call holds against its counters until it settles.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    keys: Vec<QuotaKey>,
+    micros: u64,
+}
+
+/// Why a model call may not be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A spend limit applies, and the model has no price.
+    Unpriced,
+    /// The worst case of the call does not fit in this limit.
+    Limit(Budget),
+}
+
+/// The spend counters of `tenant` and `agent` for now, with their limits
+/// in micro-USD.
+fn counters(quotas: &Quotas, tenant: &str, agent: &AgentConfig) -> Vec<(QuotaKey, u64, Budget)> {
+    let now = keel_protocol::now();
+    let mut out = Vec::new();
+    for (limit, budget) in [
+        (QuotaLimit::SpendUsdPerDay, Budget::SpendUsdPerDay),
+        (QuotaLimit::SpendUsdPerMonth, Budget::SpendUsdPerMonth),
+    ] {
+        if let Some(value) = quotas.limit(tenant, limit) {
+            out.push((QuotaKey::at(tenant, limit, now), value, budget));
+        }
+    }
+    for (limit, usd, budget) in [
+        (
+            QuotaLimit::AgentSpendUsdPerDay,
+            agent.spend_usd_per_day,
+            Budget::AgentSpendUsdPerDay,
+        ),
+        (
+            QuotaLimit::AgentSpendUsdPerMonth,
+            agent.spend_usd_per_month,
+            Budget::AgentSpendUsdPerMonth,
+        ),
+    ] {
+        if let Some(usd) = usd {
+            out.push((
+                QuotaKey::at(&agent.id, limit, now),
+                usd_to_micros(usd),
+                budget,
+            ));
+        }
+    }
+    out
+}
+
+/// An upper bound of the request's prompt tokens: a token is at least one
+/// byte of text in every byte-level tokenizer, so the bytes of every
+/// message and tool schema, plus framing, are never fewer.
+fn worst_prompt_tokens(request: &ModelRequest) -> u64 {
+    let items = (request.messages.len() + request.tools.len() + 1) as u64;
+    keel_protocol::model::estimate_tokens(request, 1.0).saturating_add(FRAMING_TOKENS * items)
+}
+
+/// Before a model call: reserves its worst-case cost against every spend
+/// limit of the tenant and the agent, all or none. The call's output is
+/// capped so that its worst case is bounded. `None` when no limit applies.
+pub(crate) async fn reserve(
+    quotas: &Quotas,
+    store: &dyn Store,
+    tenant: &str,
+    agent: &AgentRuntime,
+    request: &mut ModelRequest,
+) -> Result<Result<Option<Reservation>, Refusal>, StoreError> {
+    let counters = counters(quotas, tenant, &agent.config);
+    if counters.is_empty() {
+        return Ok(Ok(None));
+    }
+    let Some(price) = agent.price else {
+        return Ok(Err(Refusal::Unpriced));
+    };
+    let cap = request
+        .max_output_tokens
+        .or(agent.max_output_tokens)
+        .unwrap_or(DEFAULT_OUTPUT_CAP);
+    request.max_output_tokens = Some(cap);
+    let micros = price.cost_micros(worst_prompt_tokens(request), u64::from(cap));
+    if micros == 0 {
+        return Ok(Ok(None));
+    }
+    let mut keys = Vec::with_capacity(counters.len());
+    for (key, limit, budget) in counters {
+        if store.quota_take(&key, micros, limit).await?.is_none() {
+            for taken in &keys {
+                store.quota_give_back(taken, micros).await?;
+            }
+            record_rejection(tenant, key.limit);
+            return Ok(Err(Refusal::Limit(budget)));
+        }
+        keys.push(key);
+    }
+    Ok(Ok(Some(Reservation { keys, micros })))
+}
+
+/// After a model call that answered: its cost replaces what was reserved
+/// and is counted on `/metrics`. A reply without token counts is charged
+/// its worst case, since nothing shows it cost less.
+pub(crate) async fn settle(
+    store: &dyn Store,
+    tenant: &str,
+    agent: &AgentRuntime,
+    reservation: Option<Reservation>,
+    usage: &TokenUsage,
+) -> Result<(), StoreError> {
+    let Some(price) = agent.price else {
+        return Ok(());
+    };
+    let counted = usage.prompt_tokens > 0 || usage.completion_tokens > 0;
+    let actual = match &reservation {
+        Some(r) if !counted => r.micros,
+        _ => price.cost_micros(usage.prompt_tokens, usage.completion_tokens),
+    };
+    metrics::counter!(
+        "keel_spend_usd_micros_total",
+        "tenant" => tenant.to_owned(),
+        "agent" => agent.config.id.clone(),
+        "model" => agent.model.model_name().to_owned(),
+    )
+    .increment(actual);
+    let Some(r) = reservation else {
+        return Ok(());
+    };
+    for key in &r.keys {
+        if actual <= r.micros {
+            store.quota_give_back(key, r.micros - actual).await?;
+        } else {
+            // Spent is spent: a reply that cost more than its bound is
+            // counted whole, and the next call finds less left.
+            store.quota_take(key, actual - r.micros, u64::MAX).await?;
+        }
+    }
+    Ok(())
+}
