@@ -40,6 +40,15 @@
 //!   came from a tool result, however short the sentence around it.
 //! - Arrays and objects are traced element by element (`to[1]`,
 //!   `payment.iban`).
+//! - **The choice of a call** is traced too when its arguments carry
+//!   nothing to trace (none, or only trivial values and no identifier
+//!   argument, so an injected `get_unread_emails()` is not let through for
+//!   having no values): the tool's name, less a leading verb (`get`,
+//!   `send`, …), read as words (`unread emails`), is looked for in the
+//!   sources, singular or plural. The call is untrusted-steered when an
+//!   untrusted source names it and no trusted one does. A name whose words
+//!   are fewer than 8 letters (`delete_file` → `file`) is read with its
+//!   verb (`delete file`); a name still shorter is not traced.
 
 use serde_json::Value;
 
@@ -265,6 +274,95 @@ impl<'a> Corpus<'a> {
         }
         untrusted
     }
+}
+
+impl Corpus<'_> {
+    /// The untrusted source that asked for a call of `tool` when the user
+    /// did not: see the module's rules. `None` for a name too short to
+    /// tell anything by.
+    pub fn trace_choice(&self, tool: &str) -> Option<Origin> {
+        let phrase = choice_phrase(tool)?;
+        // "unread emails" is found as "unread email" and as "unread emails".
+        let stem = phrase.strip_suffix('s').unwrap_or(&phrase);
+        self.untrusted_only(|text, _| has_phrase(text, stem))
+    }
+}
+
+/// Whether nothing in `args` could carry a value from a source: no
+/// significant value, and no identifier argument with a value.
+pub fn carries_nothing(args: &Value) -> bool {
+    fn significant(name: Option<&str>, value: &Value) -> bool {
+        match value {
+            Value::Null | Value::Bool(_) => false,
+            _ if name.is_some_and(identifier_argument) => true,
+            Value::Number(n) => n.as_f64().is_some_and(significant_number),
+            Value::String(s) => match parse_number(s) {
+                Some(x) => significant_number(x),
+                None => significant_string(&normalize(s)),
+            },
+            Value::Array(items) => items.iter().any(|v| significant(None, v)),
+            Value::Object(map) => map.iter().any(|(k, v)| significant(Some(k), v)),
+        }
+    }
+    !significant(None, args)
+}
+
+/// Verbs a tool name may start with; what follows them says what it is about.
+const VERBS: &[&str] = &[
+    "get", "list", "read", "fetch", "search", "find", "check", "query", "set", "update", "create",
+    "add", "delete", "remove", "send", "post", "put", "make", "run", "start", "stop", "mark",
+    "cancel", "share", "append", "move", "copy", "write", "download", "upload", "reply", "forward",
+];
+
+/// Shortest phrase (in letters, without spaces) a tool name is traced by.
+const MIN_CHOICE_LETTERS: usize = 8;
+
+/// The words a call of `tool` would be asked for by: `server.get_unread_emails`
+/// → `unread emails`, `delete_file` → `delete file`.
+fn choice_phrase(tool: &str) -> Option<String> {
+    let name = tool.rsplit('.').next().unwrap_or(tool);
+    let mut words: Vec<String> = Vec::new();
+    let mut word = String::new();
+    let mut previous_lower = false;
+    for c in name.chars() {
+        if !c.is_alphanumeric() {
+            words.extend((!word.is_empty()).then(|| std::mem::take(&mut word)));
+            previous_lower = false;
+            continue;
+        }
+        // camelCase splits where a capital follows a small letter.
+        if c.is_uppercase() && previous_lower {
+            words.push(std::mem::take(&mut word));
+        }
+        previous_lower = c.is_lowercase();
+        word.extend(c.to_lowercase());
+    }
+    words.extend((!word.is_empty()).then_some(word));
+    let letters = |ws: &[String]| ws.iter().map(|w| w.chars().count()).sum::<usize>();
+    let topic = match words.first() {
+        Some(first) if words.len() > 1 && VERBS.contains(&first.as_str()) => &words[1..],
+        _ => &words[..],
+    };
+    let chosen = if letters(topic) >= MIN_CHOICE_LETTERS {
+        topic
+    } else {
+        &words[..]
+    };
+    (letters(chosen) >= MIN_CHOICE_LETTERS).then(|| chosen.join(" "))
+}
+
+/// Whether `phrase` starts a word of `text` (so that a plural `s` may follow).
+fn has_phrase(text: &str, phrase: &str) -> bool {
+    text.match_indices(phrase).any(|(at, _)| {
+        !text[..at]
+            .chars()
+            .next_back()
+            .is_some_and(char::is_alphanumeric)
+            && !text[at + phrase.len()..]
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_alphanumeric() && c != 's')
+    })
 }
 
 /// An argument that names the object or person a call acts on: its value
