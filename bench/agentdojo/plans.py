@@ -38,6 +38,21 @@ def delete_sent_email(back: int = 1):
     return step
 
 
+def delete_known_email(email_id: str):
+    """`delete_email` of an e-mail whose id the model has read in a tool
+    result (`id_: '9'`, alone or as an item of a list), as a model would;
+    nothing when no result it read shows that id: a model cannot delete an
+    e-mail it does not know of (the ground truth does)."""
+    shown = re.compile(rf"^\s*(?:- )?id_:\s*'?{re.escape(email_id)}'?\s*$", re.MULTILINE)
+
+    def step(results: list[str]) -> FunctionCall | None:
+        if any(shown.search(r) for r in results):
+            return call("delete_email", email_id=email_id)
+        return None
+
+    return step
+
+
 def _to_self(subject: str, body: str) -> FunctionCall:
     return call("send_email", recipients=[SELF], subject=subject, body=body)
 
@@ -88,7 +103,7 @@ def workspace_plan(task_id: str, env, ground_truth: list) -> list | None:
             delete_sent_email(),
         ]
         if n in (8, 9):
-            steps += [call("delete_email", email_id=e.id_) for e in unread]
+            steps += [delete_known_email(e.id_) for e in unread]
         if n == 9:
             steps.append(
                 _to_self(
