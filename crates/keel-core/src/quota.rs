@@ -214,7 +214,7 @@ pub(crate) async fn spend_tool_call(
         return Ok(Ok(()));
     }
     record_rejection(tenant, QuotaLimit::ToolCallsPerDay);
-    Ok(Err(Budget::ToolCallsPerDay))
+    Ok(Err(Budget::Quota(QuotaLimit::ToolCallsPerDay)))
 }
 
 /// Before a model call: the budget that ran out when the tenant's tokens
@@ -232,7 +232,7 @@ pub(crate) async fn check_tokens(
         return Ok(Ok(()));
     }
     record_rejection(tenant, QuotaLimit::TokensPerDay);
-    Ok(Err(Budget::TokensPerDay))
+    Ok(Err(Budget::Quota(QuotaLimit::TokensPerDay)))
 }
 
 /// After a model call: its tokens count against the tenant's day whatever

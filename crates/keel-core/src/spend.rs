@@ -38,38 +38,21 @@ pub(crate) enum Refusal {
 
 /// The spend counters of `tenant` and `agent` for now, with their limits
 /// in micro-USD.
-fn counters(quotas: &Quotas, tenant: &str, agent: &AgentConfig) -> Vec<(QuotaKey, u64, Budget)> {
+fn counters(quotas: &Quotas, tenant: &str, agent: &AgentConfig) -> Vec<(QuotaKey, u64)> {
     let now = keel_protocol::now();
-    let mut out = Vec::new();
-    for (limit, budget) in [
-        (QuotaLimit::SpendUsdPerDay, Budget::SpendUsdPerDay),
-        (QuotaLimit::SpendUsdPerMonth, Budget::SpendUsdPerMonth),
-    ] {
-        if let Some(value) = quotas.limit(tenant, limit) {
-            out.push((QuotaKey::at(tenant, limit, now), value, budget));
-        }
-    }
-    for (limit, usd, budget) in [
-        (
-            QuotaLimit::AgentSpendUsdPerDay,
-            agent.spend_usd_per_day,
-            Budget::AgentSpendUsdPerDay,
-        ),
-        (
-            QuotaLimit::AgentSpendUsdPerMonth,
-            agent.spend_usd_per_month,
-            Budget::AgentSpendUsdPerMonth,
-        ),
-    ] {
-        if let Some(usd) = usd {
-            out.push((
-                QuotaKey::at(&agent.id, limit, now),
-                usd_to_micros(usd),
-                budget,
-            ));
-        }
-    }
-    out
+    let tenant_limits = [QuotaLimit::SpendUsdPerDay, QuotaLimit::SpendUsdPerMonth]
+        .into_iter()
+        .filter_map(|limit| {
+            let value = quotas.limit(tenant, limit)?;
+            Some((QuotaKey::at(tenant, limit, now), value))
+        });
+    let agent_limits = [
+        (QuotaLimit::AgentSpendUsdPerDay, agent.spend_usd_per_day),
+        (QuotaLimit::AgentSpendUsdPerMonth, agent.spend_usd_per_month),
+    ]
+    .into_iter()
+    .filter_map(|(limit, usd)| Some((QuotaKey::at(&agent.id, limit, now), usd_to_micros(usd?))));
+    tenant_limits.chain(agent_limits).collect()
 }
 
 /// An upper bound of the request's prompt tokens: a token is at least one
@@ -107,13 +90,13 @@ pub(crate) async fn reserve(
         return Ok(Ok(None));
     }
     let mut keys = Vec::with_capacity(counters.len());
-    for (key, limit, budget) in counters {
+    for (key, limit) in counters {
         if store.quota_take(&key, micros, limit).await?.is_none() {
             for taken in &keys {
                 store.quota_give_back(taken, micros).await?;
             }
             record_rejection(tenant, key.limit);
-            return Ok(Err(Refusal::Limit(budget)));
+            return Ok(Err(Refusal::Limit(Budget::Quota(key.limit))));
         }
         keys.push(key);
     }

@@ -65,16 +65,9 @@ pub enum Budget {
     MaxWallTime,
     MaxTokens,
     MaxContextChars,
-    /// The tenant's daily server-side tool calls (`[[tenants]]`).
-    ToolCallsPerDay,
-    /// The tenant's daily model tokens (`[[tenants]]`).
-    TokensPerDay,
-    /// The tenant's model spend today or this month (`[[tenants]]`).
-    SpendUsdPerDay,
-    SpendUsdPerMonth,
-    /// The agent's model spend today or this month, over all tenants.
-    AgentSpendUsdPerDay,
-    AgentSpendUsdPerMonth,
+    /// A limit shared by many runs: a tenant's quota (`[[tenants]]`) or a
+    /// tenant's or an agent's spend.
+    Quota(crate::QuotaLimit),
 }
 
 impl Budget {
@@ -85,34 +78,21 @@ impl Budget {
             Self::MaxWallTime => "max_wall_time",
             Self::MaxTokens => "max_tokens",
             Self::MaxContextChars => "max_context_chars",
-            Self::ToolCallsPerDay => "tool_calls_per_day",
-            Self::TokensPerDay => "tokens_per_day",
-            Self::SpendUsdPerDay => "spend_usd_per_day",
-            Self::SpendUsdPerMonth => "spend_usd_per_month",
-            Self::AgentSpendUsdPerDay => "agent_spend_usd_per_day",
-            Self::AgentSpendUsdPerMonth => "agent_spend_usd_per_month",
+            Self::Quota(limit) => limit.as_str(),
         }
     }
 
-    /// A limit shared by many runs (a tenant's quota, or a tenant's or
-    /// agent's spend) rather than this run's own: no further model call may
-    /// be made for it, not even for a closing answer.
-    pub fn is_tenant_quota(self) -> bool {
-        matches!(
-            self,
-            Self::ToolCallsPerDay
-                | Self::TokensPerDay
-                | Self::SpendUsdPerDay
-                | Self::SpendUsdPerMonth
-                | Self::AgentSpendUsdPerDay
-                | Self::AgentSpendUsdPerMonth
-        )
+    /// A limit shared by many runs rather than this run's own: no further
+    /// model call may be made for it, not even for a closing answer.
+    pub fn is_shared(self) -> bool {
+        matches!(self, Self::Quota(_))
     }
 
     /// When a shared limit frees up, for the answer of a run it stopped.
     pub fn resets(self) -> &'static str {
+        use crate::QuotaLimit::{AgentSpendUsdPerMonth, SpendUsdPerMonth};
         match self {
-            Self::SpendUsdPerMonth | Self::AgentSpendUsdPerMonth => {
+            Self::Quota(SpendUsdPerMonth | AgentSpendUsdPerMonth) => {
                 "at the start of the next UTC month"
             }
             _ => "at the start of the next UTC day",

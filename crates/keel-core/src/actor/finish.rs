@@ -45,7 +45,7 @@ impl RunActor {
                 .await
                 .map_err(|e| match e {
                     // A tenant quota stops the closing call too: the caller answers without it.
-                    Exit::Budget(b) if b.is_tenant_quota() => Exit::Budget(b),
+                    Exit::Budget(b) if b.is_shared() => Exit::Budget(b),
                     // The closing call has its own short deadline; running out again is a failure.
                     Exit::Budget(_) => Exit::Failed(ErrorBody::new(
                         "provider_error",
@@ -83,7 +83,7 @@ impl RunActor {
             {
                 // The tenant may not spend another model call today: the
                 // answer says so instead of the model.
-                Err(Exit::Budget(quota)) if quota.is_tenant_quota() => Answer {
+                Err(Exit::Budget(quota)) if quota.is_shared() => Answer {
                     text: format!(
                         "This run stopped: the {quota} limit is used up. It resets {}.",
                         quota.resets()
