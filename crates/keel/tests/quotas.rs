@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use chrono::{Timelike, Utc};
-use common::{Env, KEY_ACME, KEY_GLOBEX, Keel, ending, tool_results, user_input};
+use common::{Env, KEY_ACME, KEY_GLOBEX, Keel, ending, start_at_once, tool_results, user_input};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::pg::TestDb;
 use keel_test_support::tool_server::ToolServer;
@@ -248,38 +248,12 @@ async fn two_nodes(
     db: &TestDb,
     tenants: &str,
 ) -> Vec<Keel> {
-    let mut nodes = Vec::new();
-    for name in ["node-a", "node-b"] {
+    common::two_nodes(&db.url, || {
         let mut env = Env::new(&model.base_url(), &tools.base_url());
-        env.server_extra = format!("database_url = \"{}\"\nnode_id = \"{name}\"\n", db.url);
         env.extra_tools = tenants.to_owned();
-        nodes.push(Keel::start(&env).await);
-    }
-    nodes
-}
-
-/// Starts `n` runs at once, alternating between the nodes; the statuses.
-async fn start_at_once(nodes: &[Keel], n: usize, input: &str) -> Vec<(u16, Value)> {
-    let mut set = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let url = nodes[i % nodes.len()].url("/ai/runs");
-        let input = input.to_owned();
-        set.spawn(async move {
-            let resp = reqwest::Client::new()
-                .post(url)
-                .json(&json!({"input": input}))
-                .send()
-                .await
-                .unwrap();
-            let status = resp.status().as_u16();
-            (status, resp.json::<Value>().await.unwrap())
-        });
-    }
-    let mut out = Vec::new();
-    while let Some(r) = set.join_next().await {
-        out.push(r.unwrap());
-    }
-    out
+        env
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

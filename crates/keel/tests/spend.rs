@@ -9,7 +9,7 @@
 mod common;
 
 use chrono::{Timelike, Utc};
-use common::{Env, KEY_ACME, KEY_GLOBEX, Keel, ending, tool_results, user_input};
+use common::{Env, KEY_ACME, KEY_GLOBEX, Keel, ending, start_at_once, tool_results, user_input};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::pg::TestDb;
 use keel_test_support::tool_server::ToolServer;
@@ -207,8 +207,7 @@ async fn two_nodes_never_together_overspend() {
     let db = TestDb::create().await;
     let model = FakeOpenAi::start(model()).await;
     let tools = ToolServer::start().await;
-    let mut nodes = Vec::new();
-    for name in ["node-a", "node-b"] {
+    let nodes = common::two_nodes(&db.url, || {
         let mut env = env(
             &model,
             &tools,
@@ -216,26 +215,12 @@ async fn two_nodes_never_together_overspend() {
             "[[tenants]]\nid = \"default\"\nspend_usd_per_day = 0.04\n",
         );
         env.auth = false;
-        env.server_extra = format!("database_url = \"{}\"\nnode_id = \"{name}\"\n", db.url);
-        nodes.push(Keel::start(&env).await);
-    }
-    let mut set = tokio::task::JoinSet::new();
-    for i in 0..16 {
-        let url = nodes[i % 2].url("/ai/runs");
-        set.spawn(async move {
-            let resp = reqwest::Client::new()
-                .post(url)
-                .json(&json!({"input": format!("read every furnace, batch {i}")}))
-                .send()
-                .await
-                .unwrap();
-            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
-        });
-    }
+        env
+    })
+    .await;
     let mut ids = Vec::new();
     let mut refused = 0;
-    while let Some(r) = set.join_next().await {
-        let (status, body) = r.unwrap();
+    for (status, body) in start_at_once(&nodes, 16, "read every furnace").await {
         match status {
             201 => ids.push(body["id"].as_str().unwrap().to_owned()),
             429 => {

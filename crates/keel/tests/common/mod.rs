@@ -448,6 +448,43 @@ impl Keel {
     }
 }
 
+/// `keel serve` nodes `node-a` and `node-b` on the PostgreSQL database at
+/// `db_url`, each with the configuration `env` makes.
+pub async fn two_nodes(db_url: &str, env: impl Fn() -> Env) -> Vec<Keel> {
+    let mut nodes = Vec::new();
+    for name in ["node-a", "node-b"] {
+        let mut env = env();
+        env.server_extra = format!("database_url = \"{db_url}\"\nnode_id = \"{name}\"\n");
+        nodes.push(Keel::start(&env).await);
+    }
+    nodes
+}
+
+/// Starts `n` runs of `input` at once, without API keys, alternating
+/// between the nodes; each answer's status and body.
+pub async fn start_at_once(nodes: &[Keel], n: usize, input: &str) -> Vec<(u16, Value)> {
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let url = nodes[i % nodes.len()].url("/ai/runs");
+        let input = input.to_owned();
+        set.spawn(async move {
+            let resp = reqwest::Client::new()
+                .post(url)
+                .json(&serde_json::json!({"input": input}))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap())
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        out.push(r.unwrap());
+    }
+    out
+}
+
 /// How a run ended: the `run_completed` reason and the details of its
 /// `budget_exhausted` feedback.
 pub async fn ending(keel: &Keel, id: &str, key: Option<&str>) -> (String, Vec<String>) {
