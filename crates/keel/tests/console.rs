@@ -150,7 +150,35 @@ impl Browser {
     }
 
     async fn click(&self, css: &str) {
-        self.wait_for(css).await.click().await.unwrap();
+        self.on_fresh(css, |e| async move { e.click().await }).await;
+    }
+
+    /// Types into the element `css` names, as an operator does.
+    async fn type_into(&self, css: &str, text: &str) {
+        self.on_fresh(css, |e| async move { e.send_keys(text).await })
+            .await;
+    }
+
+    /// Does `act` on the element `css` names. The page may rebuild it
+    /// between finding and acting (a live refresh); then the element is
+    /// found again, as a person's next click would find the new one.
+    async fn on_fresh<'a, F, Fut>(&self, css: &str, act: F)
+    where
+        F: Fn(fantoccini::elements::Element) -> Fut,
+        Fut: std::future::Future<Output = Result<(), fantoccini::error::CmdError>> + 'a,
+    {
+        for _ in 0..20 {
+            match act(self.wait_for(css).await).await {
+                Ok(()) => return,
+                Err(fantoccini::error::CmdError::Standard(e))
+                    if e.error == fantoccini::error::ErrorStatus::StaleElementReference =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{css}: {e}"),
+            }
+        }
+        panic!("{css} kept being replaced");
     }
 
     async fn eval(&self, script: &str) -> Value {
@@ -389,11 +417,11 @@ async fn approving_from_the_console_lets_the_run_finish() {
         .await;
     browser.screenshot("approvals").await;
     browser
-        .wait_for(&format!("[data-approval-reason='{approval}']"))
-        .await
-        .send_keys("planned maintenance")
-        .await
-        .unwrap();
+        .type_into(
+            &format!("[data-approval-reason='{approval}']"),
+            "planned maintenance",
+        )
+        .await;
     browser.click(&format!("[data-approve='{approval}']")).await;
     browser.wait_for("#no-approvals").await;
 
@@ -442,11 +470,11 @@ async fn denying_from_the_console_keeps_the_call_from_running() {
     // Deny from the run's own page this time.
     browser.open(&keel, &format!("/runs/{id}")).await;
     browser
-        .wait_for(&format!("[data-approval-reason='{approval}']"))
-        .await
-        .send_keys("line is busy")
-        .await
-        .unwrap();
+        .type_into(
+            &format!("[data-approval-reason='{approval}']"),
+            "line is busy",
+        )
+        .await;
     browser.screenshot("waiting-run").await;
     browser.click(&format!("[data-deny='{approval}']")).await;
     let run = keel.wait_status(&id, "completed", Some(KEY_ACME)).await;
@@ -549,11 +577,8 @@ async fn a_question_is_answered_from_the_run_page() {
     assert!(asked.contains("furnace_id"), "the question shows: {asked}");
     browser.screenshot("question").await;
     browser
-        .wait_for("#answer-text")
-        .await
-        .send_keys("Sorry, it is furnace F2.")
-        .await
-        .unwrap();
+        .type_into("#answer-text", "Sorry, it is furnace F2.")
+        .await;
     browser.click("#answer-send").await;
     let run = keel.wait_status(&id, "completed", Some(KEY_ACME)).await;
     assert_eq!(run["output"], "Furnace F2 reported back; all done.");
