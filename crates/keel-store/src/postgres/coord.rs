@@ -185,26 +185,15 @@ impl Coordination for PgNode {
             .map_err(db("starting transaction"))?;
         // The row lock is the fence: a claim by another node either happened
         // before (and shows here) or waits until this commit is done.
-        let row: Option<(Option<String>, bool)> = sqlx::query_as(
-            "SELECT owner, COALESCE(lease_until > clock_timestamp(), false) \
-             FROM runs WHERE id = $1 FOR UPDATE",
-        )
-        .bind(run_id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db("checking the run's lease"))?;
-        match row {
-            None => return Err(StoreError::NotFound),
-            Some((Some(owner), true)) if owner == self.node_id => {}
-            Some((owner, _)) => {
-                return Err(StoreError::LeaseLost(format!(
-                    "run {run_id}: node {} no longer holds its lease (owner: {})",
-                    self.node_id,
-                    owner.as_deref().unwrap_or("none")
-                )));
-            }
+        let locked = writes::lock_run(&mut tx, run_id).await?;
+        if !(locked.lease_live && locked.owner.as_deref() == Some(self.node_id.as_str())) {
+            return Err(StoreError::LeaseLost(format!(
+                "run {run_id}: node {} no longer holds its lease (owner: {})",
+                self.node_id,
+                locked.owner.as_deref().unwrap_or("none")
+            )));
         }
-        let events = writes::apply_commit(&mut tx, run_id, commit).await?;
+        let events = writes::apply_commit(&mut tx, run_id, &locked, commit).await?;
         if terminal {
             sqlx::query("UPDATE runs SET owner = NULL, lease_until = NULL WHERE id = $1")
                 .bind(run_id)

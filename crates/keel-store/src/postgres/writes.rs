@@ -128,87 +128,89 @@ pub(super) async fn commit(
     commit: Commit,
 ) -> Result<Vec<Event>, StoreError> {
     let mut tx = pool.begin().await.map_err(db("starting transaction"))?;
-    let events = apply_commit(&mut tx, run_id, commit).await?;
+    let locked = lock_run(&mut tx, run_id).await?;
+    let events = apply_commit(&mut tx, run_id, &locked, commit).await?;
     tx.commit().await.map_err(db("committing"))?;
     Ok(events)
+}
+
+/// A run's row, locked for a commit: what the commit needs of it, and who
+/// holds its lease.
+pub(super) struct LockedRun {
+    tenant: String,
+    session: String,
+    last_seq: i64,
+    /// The lease holder, if the lease is live.
+    pub(super) owner: Option<String>,
+    pub(super) lease_live: bool,
+}
+
+/// Locks the run's row: concurrent commits to one run take turns, each
+/// seeing the last_seq the previous one wrote, and a claim by another node
+/// either happened before (and shows in `owner`) or waits for this commit.
+/// One round trip carries both what the commit needs and the lease.
+pub(super) async fn lock_run(
+    tx: &mut Transaction<'_, Postgres>,
+    run_id: &str,
+) -> Result<LockedRun, StoreError> {
+    let row = sqlx::query(
+        "SELECT tenant, session, last_seq, owner, \
+         COALESCE(lease_until > clock_timestamp(), false) \
+         FROM runs WHERE id = $1 FOR UPDATE",
+    )
+    .bind(run_id)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db("locking run"))?
+    .ok_or(StoreError::NotFound)?;
+    Ok(LockedRun {
+        tenant: row.try_get(0).map_err(db("reading run"))?,
+        session: row.try_get(1).map_err(db("reading run"))?,
+        last_seq: row.try_get(2).map_err(db("reading run"))?,
+        owner: row.try_get(3).map_err(db("reading run"))?,
+        lease_live: row.try_get(4).map_err(db("reading run"))?,
+    })
 }
 
 pub(super) async fn apply_commit(
     tx: &mut Transaction<'_, Postgres>,
     run_id: &str,
+    locked: &LockedRun,
     commit: Commit,
 ) -> Result<Vec<Event>, StoreError> {
-    // The row lock makes concurrent commits to one run take turns, each
-    // seeing the last_seq the previous one wrote.
-    let row = sqlx::query("SELECT tenant, session, last_seq FROM runs WHERE id = $1 FOR UPDATE")
-        .bind(run_id)
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db("locking run"))?
-        .ok_or(StoreError::NotFound)?;
-    let tenant: String = row.try_get(0).map_err(db("reading run"))?;
-    let session: String = row.try_get(1).map_err(db("reading run"))?;
-    let last_seq: i64 = row.try_get(2).map_err(db("reading run"))?;
-
+    let LockedRun {
+        tenant,
+        session,
+        last_seq,
+        ..
+    } = locked;
     let ts = now();
-    let mut seq = to_u64(last_seq, "last_seq")?;
+    let mut seq = to_u64(*last_seq, "last_seq")?;
 
     let mut events = Vec::with_capacity(commit.events.len());
-    if !commit.events.is_empty() {
-        let mut seqs = Vec::with_capacity(commit.events.len());
-        let mut types = Vec::with_capacity(commit.events.len());
-        let mut bodies = Vec::with_capacity(commit.events.len());
-        for kind in commit.events {
-            seq = seq
-                .checked_add(1)
-                .ok_or_else(|| StoreError::Backend("event sequence overflow".into()))?;
-            let event = Event {
-                run_id: run_id.to_owned(),
-                seq,
-                ts,
-                kind,
-            };
-            seqs.push(to_i64(seq, "seq")?);
-            types.push(event.type_name().to_owned());
-            bodies.push(to_json(&event, "event")?);
-            events.push(event);
-        }
-        sqlx::query(
-            "INSERT INTO events (run_id, seq, type, body, ts) \
-             SELECT $1, e.seq, e.type, e.body::json, $2 \
-             FROM UNNEST($3::bigint[], $4::text[], $5::text[]) AS e (seq, type, body)",
-        )
-        .bind(run_id)
-        .bind(ts)
-        .bind(seqs)
-        .bind(types)
-        .bind(bodies)
-        .execute(&mut **tx)
-        .await
-        .map_err(db("inserting events"))?;
+    let mut seqs = Vec::with_capacity(commit.events.len());
+    let mut types = Vec::with_capacity(commit.events.len());
+    let mut event_bodies = Vec::with_capacity(commit.events.len());
+    for kind in commit.events {
+        seq = seq
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Backend("event sequence overflow".into()))?;
+        let event = Event {
+            run_id: run_id.to_owned(),
+            seq,
+            ts,
+            kind,
+        };
+        seqs.push(to_i64(seq, "seq")?);
+        types.push(event.type_name().to_owned());
+        event_bodies.push(to_json(&event, "event")?);
+        events.push(event);
     }
-
-    if !commit.messages.is_empty() {
-        let bodies = commit
-            .messages
-            .iter()
-            .map(|m| to_json(m, "message"))
-            .collect::<Result<Vec<_>, _>>()?;
-        // Ids are drawn in the order rows are inserted; ORDER BY keeps that
-        // the order of the commit.
-        sqlx::query(
-            "INSERT INTO messages (tenant, session, run_id, body) \
-             SELECT $1, $2, $3, m.body::json \
-             FROM UNNEST($4::text[]) WITH ORDINALITY AS m (body, n) ORDER BY m.n",
-        )
-        .bind(&tenant)
-        .bind(&session)
-        .bind(run_id)
-        .bind(bodies)
-        .execute(&mut **tx)
-        .await
-        .map_err(db("inserting messages"))?;
-    }
+    let message_bodies = commit
+        .messages
+        .iter()
+        .map(|m| to_json(m, "message"))
+        .collect::<Result<Vec<_>, _>>()?;
 
     for approval in &commit.approvals {
         approvals::insert(&mut **tx, approval).await?;
@@ -222,8 +224,21 @@ pub(super) async fn apply_commit(
         Some(None) => (true, None),
         Some(Some(p)) => (true, Some(to_json(p, "pending")?)),
     };
+    // Events, messages and the run's row in one statement, one round trip:
+    // data-modifying CTEs always run, and an empty array inserts nothing.
+    // Message ids are drawn in the order rows are inserted; ORDER BY keeps
+    // that the order of the commit.
     sqlx::query(
-        "UPDATE runs SET \
+        "WITH new_events AS ( \
+           INSERT INTO events (run_id, seq, type, body, ts) \
+           SELECT $1, e.seq, e.type, e.body::json, $11 \
+           FROM UNNEST($12::bigint[], $13::text[], $14::text[]) AS e (seq, type, body) \
+         ), new_messages AS ( \
+           INSERT INTO messages (tenant, session, run_id, body) \
+           SELECT $15, $16, $1, m.body::json \
+           FROM UNNEST($17::text[]) WITH ORDINALITY AS m (body, n) ORDER BY m.n \
+         ) \
+         UPDATE runs SET \
            status = COALESCE($2, status), \
            output = COALESCE($3, output), \
            pending = CASE WHEN $4 THEN $5::json ELSE pending END, \
@@ -246,9 +261,15 @@ pub(super) async fn apply_commit(
     .bind(patch.state)
     .bind(to_i64(seq, "last_seq")?)
     .bind(ts)
+    .bind(seqs)
+    .bind(types)
+    .bind(event_bodies)
+    .bind(tenant)
+    .bind(session)
+    .bind(message_bodies)
     .execute(&mut **tx)
     .await
-    .map_err(db("updating run"))?;
+    .map_err(db("writing the commit"))?;
     if patch_ends_run {
         super::quota::release_slot_in(tx, run_id).await?;
     }
