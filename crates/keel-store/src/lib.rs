@@ -7,6 +7,7 @@
 //! versioned by SQL files under `migrations/<backend>/`, one dialect each.
 
 mod node;
+mod numbering;
 mod open;
 mod postgres;
 mod sqlite;

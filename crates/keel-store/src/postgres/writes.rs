@@ -185,26 +185,16 @@ pub(super) async fn apply_commit(
         ..
     } = locked;
     let ts = now();
-    let mut seq = to_u64(*last_seq, "last_seq")?;
-
-    let mut events = Vec::with_capacity(commit.events.len());
-    let mut seqs = Vec::with_capacity(commit.events.len());
-    let mut types = Vec::with_capacity(commit.events.len());
-    let mut event_bodies = Vec::with_capacity(commit.events.len());
-    for kind in commit.events {
-        seq = seq
-            .checked_add(1)
-            .ok_or_else(|| StoreError::Backend("event sequence overflow".into()))?;
-        let event = Event {
-            run_id: run_id.to_owned(),
-            seq,
-            ts,
-            kind,
-        };
-        seqs.push(to_i64(seq, "seq")?);
+    let last = to_u64(*last_seq, "last_seq")?;
+    let events = crate::numbering::number_events(run_id, last, ts, commit.events)?;
+    let seq = events.last().map_or(last, |e| e.seq);
+    let mut seqs = Vec::with_capacity(events.len());
+    let mut types = Vec::with_capacity(events.len());
+    let mut event_bodies = Vec::with_capacity(events.len());
+    for event in &events {
+        seqs.push(to_i64(event.seq, "seq")?);
         types.push(event.type_name().to_owned());
-        event_bodies.push(to_json(&event, "event")?);
-        events.push(event);
+        event_bodies.push(to_json(event, "event")?);
     }
     let message_bodies = commit
         .messages

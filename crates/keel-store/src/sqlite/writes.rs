@@ -97,35 +97,25 @@ pub(super) fn commit(
 
     let ts = keel_protocol::now();
     let ts_text = ts_to_sql(&ts);
-    let mut seq = to_u64(last_seq, "last_seq")?;
-
-    let mut events = Vec::with_capacity(commit.events.len());
-    if !commit.events.is_empty() {
+    let last = to_u64(last_seq, "last_seq")?;
+    let events = crate::numbering::number_events(run_id, last, ts, commit.events)?;
+    let seq = events.last().map_or(last, |e| e.seq);
+    if !events.is_empty() {
         let mut insert = conn
             .prepare_cached(
                 "INSERT INTO events (run_id, seq, type, body, ts) VALUES (?1, ?2, ?3, ?4, ?5)",
             )
             .map_err(db("preparing event insert"))?;
-        for kind in commit.events {
-            seq = seq
-                .checked_add(1)
-                .ok_or_else(|| StoreError::Backend("event sequence overflow".into()))?;
-            let event = Event {
-                run_id: run_id.to_owned(),
-                seq,
-                ts,
-                kind,
-            };
+        for event in &events {
             insert
                 .execute(params![
                     run_id,
-                    to_i64(seq, "seq")?,
+                    to_i64(event.seq, "seq")?,
                     event.type_name(),
-                    to_json(&event, "event")?,
+                    to_json(event, "event")?,
                     ts_text,
                 ])
                 .map_err(db("inserting event"))?;
-            events.push(event);
         }
     }
 
