@@ -45,7 +45,8 @@ impl RunActor {
                 match cleared.target() {
                     Target::Server => {
                         if let Err((hook, reason)) = self.admit(call, &cleared).await {
-                            return self.refused_by_hook(call, events, hook, reason).await;
+                            return Box::pin(self.refused_by_hook(call, events, hook, reason))
+                                .await;
                         }
                         if let Err(which) = crate::quota::spend_tool_call(
                             &self.shared.options.quotas,
@@ -63,10 +64,10 @@ impl RunActor {
                         }
                         self.execute(call, cleared, events, snapshot).await?;
                         if self.spiralling_after_compaction() {
-                            return self.end_spiral(call).await;
+                            return Box::pin(self.end_spiral(call)).await;
                         }
                     }
-                    Target::Client => self.hand_to_client(call, cleared, events).await?,
+                    Target::Client => Box::pin(self.hand_to_client(call, cleared, events)).await?,
                 }
                 Ok(CallFlow::Next)
             }
@@ -109,15 +110,18 @@ impl RunActor {
                      answer the user directly from what is known and say what could not be done.",
                     call.name
                 );
-                let answer = self
-                    .answer_without_tools(Some("max_repairs"), &note, CompletionReason::Fallback)
-                    .await?;
+                let answer = Box::pin(self.answer_without_tools(
+                    Some("max_repairs"),
+                    &note,
+                    CompletionReason::Fallback,
+                ))
+                .await?;
                 Ok(CallFlow::Done(answer))
             }
             Verdict::Ask(ask) => {
                 self.state.clarify_rounds += 1;
                 metrics::counter!("keel_clarifications_total").increment(1);
-                self.hold_for_input(call, ask, events).await?;
+                Box::pin(self.hold_for_input(call, ask, events)).await?;
                 Ok(CallFlow::Wait)
             }
             Verdict::ClarifyExhausted { ask, then, .. } => match then {
@@ -133,13 +137,16 @@ impl RunActor {
                         ask.tool,
                         ask.slots.join(", ")
                     );
-                    let answer = self
-                        .answer_without_tools(None, &note, CompletionReason::Fallback)
-                        .await?;
+                    let answer = Box::pin(self.answer_without_tools(
+                        None,
+                        &note,
+                        CompletionReason::Fallback,
+                    ))
+                    .await?;
                     Ok(CallFlow::Done(answer))
                 }
                 OnClarifyExhausted::Handoff => {
-                    self.hand_off(call, ask, events).await?;
+                    Box::pin(self.hand_off(call, ask, events)).await?;
                     Ok(CallFlow::Wait)
                 }
             },
@@ -153,13 +160,12 @@ impl RunActor {
                 self.commit(events, vec![result]).await?;
                 let note = "Answer the user's message directly and completely from your own knowledge. \
                             Do not ask questions and do not call tools.";
-                let answer = self
-                    .answer_without_tools(
-                        Some("clarify_without_actionable_tool"),
-                        note,
-                        CompletionReason::Fallback,
-                    )
-                    .await?;
+                let answer = Box::pin(self.answer_without_tools(
+                    Some("clarify_without_actionable_tool"),
+                    note,
+                    CompletionReason::Fallback,
+                ))
+                .await?;
                 Ok(CallFlow::Done(answer))
             }
             Verdict::Deny { reason, result, .. } => {
@@ -177,18 +183,14 @@ impl RunActor {
                 rule: _,
                 reason,
             } => {
-                self.request_approval(call, args, risk, reason, events)
-                    .await?;
+                Box::pin(self.request_approval(call, args, risk, reason, events)).await?;
                 Ok(CallFlow::WaitApproval)
             }
             Verdict::LoopBlocked {
                 hit,
                 ends_run,
                 known_tool,
-            } => {
-                self.loop_blocked(call, hit, ends_run, known_tool, events)
-                    .await
-            }
+            } => Box::pin(self.loop_blocked(call, hit, ends_run, known_tool, events)).await,
             Verdict::Budget(which) => Err(Exit::Budget(which)),
             Verdict::OutcomeUnknown => {
                 let detail = format!(

@@ -44,7 +44,7 @@ impl RunActor {
         let before = self.agent.model.estimate_tokens(&request);
         if cfg.enabled
             && before as f64 > window as f64 * cfg.threshold
-            && self.compact(before, &tools).await?
+            && Box::pin(self.compact(before, &tools)).await?
         {
             request = self.request_from_view(tools, None);
         }

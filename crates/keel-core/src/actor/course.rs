@@ -66,7 +66,7 @@ impl RunActor {
         // Scored first, so the checkpoint records whether the run was on track.
         let report = self.assess_drift().await;
         if cfg.checkpoint_interval > 0 && self.steps.is_multiple_of(cfg.checkpoint_interval) {
-            self.take_checkpoint().await?;
+            Box::pin(self.take_checkpoint()).await?;
         }
         let drifted = report.as_ref().is_some_and(|r| r.drifted);
         if let Some(r) = report.as_ref().filter(|r| r.drifted) {
@@ -79,13 +79,13 @@ impl RunActor {
                 && f64::from(r.score) < cfg.deep_drift_threshold
                 && let Some(id) = self.last_good_checkpoint()
             {
-                self.restore(&id, "deep drift").await?;
+                Box::pin(self.restore(&id, "deep drift")).await?;
                 return Ok(Flow::Continue);
             }
         }
         if (drifted || loops > 0) && self.state.course.watching {
             if cfg.context_reset && self.state.course.resets < cfg.max_context_resets {
-                self.context_reset().await?;
+                Box::pin(self.context_reset()).await?;
                 return Ok(Flow::Continue);
             }
             // Nothing left to correct with; the loop guards still bound the run.
@@ -103,7 +103,7 @@ impl RunActor {
             None
         };
         if let Some(t) = trigger {
-            self.reflect(t, report.as_ref()).await?;
+            Box::pin(self.reflect(t, report.as_ref())).await?;
         }
         Ok(Flow::Continue)
     }

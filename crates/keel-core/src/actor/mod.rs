@@ -81,6 +81,9 @@ pub(crate) enum Flow {
     Answered(Answer),
 }
 
+/// A commit under way (see `RunActor::commit`).
+type Committing<'a> = futures::future::BoxFuture<'a, Result<(), Exit>>;
+
 pub(crate) struct RunActor {
     shared: Arc<Shared>,
     run_id: String,
@@ -196,42 +199,52 @@ impl RunActor {
         }
     }
 
-    pub(crate) async fn run(self) {
+    /// The run's task. Not an async fn: an async fn's future holds its
+    /// by-value arguments twice (as passed, and as bound in its body), and
+    /// the actor is almost 2 KB; an async block captures it once.
+    pub(crate) fn run(mut self) -> impl std::future::Future<Output = ()> + Send {
         let span = crate::otel::invoke_agent(
             &self.run_id,
             &self.principal.tenant,
             &self.session,
             &self.agent.config.id,
         );
-        tracing::Instrument::instrument(self.run_in_span(), span).await;
+        let work = async move {
+            let end = match self.drive().await {
+                Ok(()) => Ok(()),
+                // Boxed, as the rare path it is (see `inner_loop`).
+                Err(exit) => Box::pin(self.end_early(exit)).await,
+            };
+            match end {
+                Ok(()) | Err(Exit::Detached) => {}
+                Err(Exit::Store(e)) if self.shared.coord.is_shared() => {
+                    tracing::error!(run = %self.run_id, error = %e, "run stopped: the store failed; the node that claims it once its lease expires resumes it");
+                }
+                Err(Exit::Store(e)) => {
+                    tracing::error!(run = %self.run_id, error = %e, "run stopped: the store failed; it resumes on restart");
+                }
+                Err(e) => {
+                    tracing::error!(run = %self.run_id, error = ?e, "run could not be finished cleanly");
+                }
+            }
+            self.shared.actor_finished(&self.run_id);
+        };
+        tracing::Instrument::instrument(work, span)
     }
 
-    async fn run_in_span(mut self) {
-        let result = self.drive().await;
-        let end = match result {
-            Ok(()) => Ok(()),
-            Err(Exit::Cancelled) => self.finish_cancelled().await,
-            Err(Exit::Failed(err)) => self.finish_failed(err).await,
-            Err(Exit::Budget(which)) => match self.finish_budget(which).await {
+    /// Records why the loop stopped early: cancelled, failed or out of
+    /// budget. Other exits leave the run as stored.
+    async fn end_early(&mut self, exit: Exit) -> Result<(), Exit> {
+        match exit {
+            Exit::Cancelled => self.finish_cancelled().await,
+            Exit::Failed(err) => self.finish_failed(err).await,
+            Exit::Budget(which) => match self.finish_budget(which).await {
                 Err(Exit::Cancelled) => self.finish_cancelled().await,
                 Err(Exit::Failed(err)) => self.finish_failed(err).await,
                 other => other,
             },
-            Err(other) => Err(other),
-        };
-        match end {
-            Ok(()) | Err(Exit::Detached) => {}
-            Err(Exit::Store(e)) if self.shared.coord.is_shared() => {
-                tracing::error!(run = %self.run_id, error = %e, "run stopped: the store failed; the node that claims it once its lease expires resumes it");
-            }
-            Err(Exit::Store(e)) => {
-                tracing::error!(run = %self.run_id, error = %e, "run stopped: the store failed; it resumes on restart");
-            }
-            Err(e) => {
-                tracing::error!(run = %self.run_id, error = ?e, "run could not be finished cleanly");
-            }
+            other => Err(other),
         }
-        self.shared.actor_finished(&self.run_id);
     }
 
     async fn drive(&mut self) -> Result<(), Exit> {
@@ -251,7 +264,7 @@ impl RunActor {
                 self.commit_status(vec![started], vec![input], RunStatus::Running, None)
                     .await?;
             }
-            RunStatus::Running => ready = self.recover().await?,
+            RunStatus::Running => ready = Box::pin(self.recover()).await?,
             _ => {}
         }
         ready = match (ready, self.state.canned_answer.take()) {
@@ -265,7 +278,7 @@ impl RunActor {
                     && !self.state.course.routed
                     && self.steps == 0 =>
             {
-                self.pre_route().await?
+                Box::pin(self.pre_route()).await?
             }
             (None, None) => None,
         };
@@ -286,22 +299,35 @@ impl RunActor {
     /// Model turns (and waits for people or clients) until an answer.
     async fn inner_loop(&mut self) -> Result<Answer, Exit> {
         loop {
-            let flow = if !self.state.client_waiting.is_empty() {
-                let outputs = self.wait_for_tool_outputs().await?;
-                self.resolve_tool_outputs(outputs).await?
-            } else if let Some(a) = self.state.awaiting_approval.clone() {
-                let record = self.wait_for_approval(&a).await?;
-                self.resolve_approval(a, record).await?
-            } else if self.state.waiting.is_some() {
-                match self.wait_for_input().await? {
-                    Waited::Reply(reply) => self.resolve_input(reply).await?,
-                    Waited::Restore(id) => self.restore_while_waiting(&id).await?,
-                }
+            let waits = !self.state.client_waiting.is_empty()
+                || self.state.awaiting_approval.is_some()
+                || self.state.waiting.is_some();
+            // A wait is boxed: it is rare, and inline it would size every
+            // run's task for its deepest path.
+            let flow = if waits {
+                Box::pin(self.wait_and_resume()).await?
             } else {
                 self.step().await?
             };
             if let Flow::Answered(answer) = flow {
                 return Ok(answer);
+            }
+        }
+    }
+
+    /// Waits for the client's tool outputs, an approval or the user's
+    /// answer, whichever the run is waiting for, and goes on with it.
+    async fn wait_and_resume(&mut self) -> Result<Flow, Exit> {
+        if !self.state.client_waiting.is_empty() {
+            let outputs = self.wait_for_tool_outputs().await?;
+            self.resolve_tool_outputs(outputs).await
+        } else if let Some(a) = self.state.awaiting_approval.clone() {
+            let record = self.wait_for_approval(&a).await?;
+            self.resolve_approval(a, record).await
+        } else {
+            match self.wait_for_input().await? {
+                Waited::Reply(reply) => self.resolve_input(reply).await,
+                Waited::Restore(id) => self.restore_while_waiting(&id).await,
             }
         }
     }
@@ -426,40 +452,56 @@ impl RunActor {
     }
 
     /// Commits events and messages with the loop's current counters and state.
-    async fn commit(&mut self, events: Vec<EventKind>, messages: Vec<Message>) -> Result<(), Exit> {
-        self.commit_patch(events, messages, RunPatch::default())
-            .await
+    // The commit family returns its future boxed. Commits are awaited from
+    // nearly every step of the loop, and an awaited async fn is laid out
+    // inside its caller's future: inline, each commit's arguments and its
+    // `Commit` would be copied into every caller's state, and a run's task
+    // would be sized by its deepest such chain (13 KB at rest per run, all
+    // of it resident at 2,000 concurrent runs). Boxed, a commit costs one
+    // allocation while it is written.
+    fn commit(&mut self, events: Vec<EventKind>, messages: Vec<Message>) -> Committing<'_> {
+        self.commit_with(events, messages, RunPatch::default(), Vec::new())
     }
 
-    async fn commit_status(
+    fn commit_status(
         &mut self,
         events: Vec<EventKind>,
         messages: Vec<Message>,
         status: RunStatus,
         pending: Option<keel_protocol::Pending>,
-    ) -> Result<(), Exit> {
+    ) -> Committing<'_> {
         self.status = status;
         let patch = RunPatch {
             status: Some(status),
             pending: Some(pending),
             ..RunPatch::default()
         };
-        self.commit_patch(events, messages, patch).await
+        self.commit_with(events, messages, patch, Vec::new())
     }
 
-    async fn commit_patch(
+    fn commit_patch(
         &mut self,
         events: Vec<EventKind>,
         messages: Vec<Message>,
         patch: RunPatch,
-    ) -> Result<(), Exit> {
-        self.commit_with(events, messages, patch, Vec::new()).await
+    ) -> Committing<'_> {
+        self.commit_with(events, messages, patch, Vec::new())
+    }
+
+    fn commit_with(
+        &mut self,
+        events: Vec<EventKind>,
+        messages: Vec<Message>,
+        patch: RunPatch,
+        approvals: Vec<keel_protocol::ApprovalRecord>,
+    ) -> Committing<'_> {
+        Box::pin(self.store_commit(events, messages, patch, approvals))
     }
 
     /// The one place a run writes: held-back work first, then this change,
     /// with the loop's counters and state, in one transaction; events are
     /// published only once stored.
-    async fn commit_with(
+    async fn store_commit(
         &mut self,
         mut events: Vec<EventKind>,
         mut messages: Vec<Message>,
@@ -555,7 +597,11 @@ impl RunActor {
     /// Streamed text: events only. Deltas change neither the run's record
     /// nor its loop state, so nothing but the events is written, unless
     /// held-back work must go first.
-    async fn commit_events(&mut self, mut events: Vec<EventKind>) -> Result<(), Exit> {
+    fn commit_events(&mut self, events: Vec<EventKind>) -> Committing<'_> {
+        Box::pin(self.store_events(events))
+    }
+
+    async fn store_events(&mut self, mut events: Vec<EventKind>) -> Result<(), Exit> {
         if !self.held.0.is_empty() || !self.held.1.is_empty() {
             return self.commit(events, Vec::new()).await;
         }

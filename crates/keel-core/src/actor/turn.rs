@@ -23,7 +23,7 @@ impl RunActor {
             self.apply_steering(text, Vec::new()).await?;
         }
         if let Some(id) = self.pending_restore.take() {
-            self.restore(&id, "a restore request").await?;
+            Box::pin(self.restore(&id, "a restore request")).await?;
         }
         let limits = &self.agent.config.limits;
         if self.steps >= limits.max_steps {
