@@ -147,6 +147,64 @@ async fn a_lease_fences_writes_until_it_expires_and_is_claimed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_keeps_numbering_right_after_its_run_was_written_past_it() {
+    let (_db, store, a, _b) = setup(Duration::from_secs(30)).await;
+    let run = store_suite::create(&store, "t", "s").await;
+    assert!(a.acquire(&run.id).await.unwrap());
+    a.commit(&run.id, event("a1")).await.unwrap();
+    a.commit(&run.id, event("a2")).await.unwrap();
+    // Written by someone else while the node holds the run: the node's
+    // next commit must number after it, and write its messages once.
+    store.commit(&run.id, event("other")).await.unwrap();
+    let written = a
+        .commit(
+            &run.id,
+            Commit {
+                events: vec![
+                    EventKind::MessageDelta { text: "a3".into() },
+                    EventKind::MessageDelta { text: "a4".into() },
+                ],
+                messages: vec![keel_protocol::Message::user("once")],
+                patch: Some(RunPatch {
+                    steps: Some(3),
+                    ..RunPatch::default()
+                }),
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.iter().map(|e| e.seq).collect::<Vec<_>>(), [4, 5]);
+    a.commit(&run.id, event("a5")).await.unwrap();
+
+    let texts: Vec<(u64, String)> = store
+        .events_after(&run.id, 0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| match e.kind {
+            EventKind::MessageDelta { text } => (e.seq, text),
+            other => panic!("unexpected event {other:?}"),
+        })
+        .collect();
+    let expected = [
+        (1, "a1"),
+        (2, "a2"),
+        (3, "other"),
+        (4, "a3"),
+        (5, "a4"),
+        (6, "a5"),
+    ];
+    assert_eq!(
+        texts,
+        expected.map(|(seq, text)| (seq, text.to_owned())).to_vec()
+    );
+    let stored = store.get_run("t", &run.id).await.unwrap().unwrap();
+    assert_eq!((stored.last_seq, stored.steps), (6, 3));
+    assert_eq!(store.history(&run.id).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unowned_runs_wait_one_lease_and_released_runs_move_at_once() {
     let (_db, store, a, b) = setup(Duration::from_millis(600)).await;
     let unowned = store_suite::create(&store, "t", "s").await;

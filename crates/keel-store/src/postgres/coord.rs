@@ -1,12 +1,15 @@
 //! Run ownership, mailboxes and notices over PostgreSQL. The database is the
 //! whole cluster protocol (SPEC §10): a lease is two columns of the run's
 //! row, a claim is `FOR UPDATE SKIP LOCKED`, a mailbox is a table, and a
-//! notice is `NOTIFY` sent inside the transaction it announces (so it is
-//! delivered only if, and once, that transaction commits).
+//! notice is a `NOTIFY`: a command's inside the transaction that posts it
+//! (delivered only if, and once, that transaction commits), committed
+//! events' right after their commit (see `announce`).
 //!
 //! All times are the database's clock, never a node's: nodes with skewed
 //! clocks still agree on whose lease is live.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -18,8 +21,9 @@ use keel_protocol::{
 };
 
 use super::PostgresStore;
-use super::codec::{RawRun, db, from_json, run_columns, to_json};
-use super::writes;
+use super::announce::{Announcer, Committed};
+use super::codec::{RawRun, db, from_json, run_columns, to_json, to_u64};
+use super::writes::{self, Guard, Written};
 
 /// Channel announcing committed events: payload `<run_id> <first> <last>`.
 const EVENTS_CHANNEL: &str = "keel_events";
@@ -33,6 +37,8 @@ pub struct PgNode {
     pool: PgPool,
     node_id: String,
     lease: Duration,
+    announcer: Announcer,
+    last_seqs: LastSeqs,
 }
 
 impl PostgresStore {
@@ -44,6 +50,8 @@ impl PostgresStore {
             pool: self.pool.clone(),
             node_id: node_id.into(),
             lease,
+            announcer: Announcer::new(self.pool.clone(), EVENTS_CHANNEL),
+            last_seqs: LastSeqs::default(),
         }
     }
 }
@@ -51,6 +59,57 @@ impl PostgresStore {
 impl PgNode {
     fn lease_secs(&self) -> f64 {
         self.lease.as_secs_f64()
+    }
+
+    /// After a commit of `run_id` that found its last event at `last_seq`
+    /// and added `events`.
+    fn committed(&self, run_id: &str, last_seq: u64, events: &[Event], ended: bool) {
+        if ended {
+            self.last_seqs.forget(run_id);
+        } else {
+            let last = events.last().map_or(last_seq, |e| e.seq);
+            self.last_seqs.set(run_id, last);
+        }
+        if let (Some(first), Some(last)) = (events.first(), events.last()) {
+            self.announcer.announce(Committed {
+                run_id: run_id.to_owned(),
+                first: first.seq,
+                last: last.seq,
+            });
+        }
+    }
+}
+
+/// The last event this node wrote of each run it commits to. Only a guess
+/// for the next commit's one-statement write, which checks it: a wrong or
+/// missing entry costs the locked transaction, never a wrong write.
+#[derive(Default)]
+struct LastSeqs(Mutex<HashMap<String, u64>>);
+
+impl LastSeqs {
+    /// Entries past this are dropped wholesale (runs this node lost keep
+    /// theirs otherwise).
+    const MAX: usize = 100_000;
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        // A panic elsewhere cannot leave a wrong entry, only a stale one.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn get(&self, run_id: &str) -> Option<u64> {
+        self.map().get(run_id).copied()
+    }
+
+    fn set(&self, run_id: &str, last_seq: u64) {
+        let mut map = self.map();
+        if map.len() >= Self::MAX && !map.contains_key(run_id) {
+            map.clear();
+        }
+        map.insert(run_id.to_owned(), last_seq);
+    }
+
+    fn forget(&self, run_id: &str) {
+        self.map().remove(run_id);
     }
 }
 
@@ -172,12 +231,33 @@ impl Coordination for PgNode {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError> {
+    async fn commit(&self, run_id: &str, mut commit: Commit) -> Result<Vec<Event>, StoreError> {
         let terminal = commit
             .patch
             .as_ref()
             .and_then(|p| p.status)
             .is_some_and(|s| s.is_terminal());
+        // Most commits of a run this node holds: one statement that writes
+        // only if the run is still as this node last wrote it and the lease
+        // is live (the update's row lock is the fence, as below). Anything
+        // else, or a refusal, takes the locked transaction, which also tells
+        // a lost lease from a run written by someone else meanwhile.
+        if !terminal
+            && commit.approvals.is_empty()
+            && let Some(last_seq) = self.last_seqs.get(run_id)
+        {
+            let guard = Guard::Current {
+                node: &self.node_id,
+            };
+            let kinds = std::mem::take(&mut commit.events);
+            match writes::write_commit(&self.pool, run_id, last_seq, guard, kinds, &commit).await? {
+                Written::Applied(events) => {
+                    self.committed(run_id, last_seq, &events, false);
+                    return Ok(events);
+                }
+                Written::Refused(kinds) => commit.events = kinds,
+            }
+        }
         let mut tx = self
             .pool
             .begin()
@@ -187,12 +267,14 @@ impl Coordination for PgNode {
         // before (and shows here) or waits until this commit is done.
         let locked = writes::lock_run(&mut tx, run_id).await?;
         if !(locked.lease_live && locked.owner.as_deref() == Some(self.node_id.as_str())) {
+            self.last_seqs.forget(run_id);
             return Err(StoreError::LeaseLost(format!(
                 "run {run_id}: node {} no longer holds its lease (owner: {})",
                 self.node_id,
                 locked.owner.as_deref().unwrap_or("none")
             )));
         }
+        let last_seq = to_u64(locked.last_seq, "last_seq")?;
         let events = writes::apply_commit(&mut tx, run_id, &locked, commit).await?;
         if terminal {
             sqlx::query("UPDATE runs SET owner = NULL, lease_until = NULL WHERE id = $1")
@@ -201,15 +283,8 @@ impl Coordination for PgNode {
                 .await
                 .map_err(db("releasing the ended run"))?;
         }
-        if let (Some(first), Some(last)) = (events.first(), events.last()) {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(EVENTS_CHANNEL)
-                .bind(format!("{run_id} {} {}", first.seq, last.seq))
-                .execute(&mut *tx)
-                .await
-                .map_err(db("announcing events"))?;
-        }
         tx.commit().await.map_err(db("committing"))?;
+        self.committed(run_id, last_seq, &events, terminal);
         Ok(events)
     }
 

@@ -2,6 +2,7 @@
 //! (SPEC §10). Same logical schema and semantics as the SQLite store; where
 //! SQLite relies on its single writer, this relies on row locks.
 
+mod announce;
 mod approvals;
 mod codec;
 mod coord;

@@ -134,12 +134,10 @@ pub(super) async fn commit(
     Ok(events)
 }
 
-/// A run's row, locked for a commit: what the commit needs of it, and who
-/// holds its lease.
+/// A run's row, locked for a commit: its last event, and who holds its
+/// lease.
 pub(super) struct LockedRun {
-    tenant: String,
-    session: String,
-    last_seq: i64,
+    pub(super) last_seq: i64,
     /// The lease holder, if the lease is live.
     pub(super) owner: Option<String>,
     pub(super) lease_live: bool,
@@ -154,7 +152,7 @@ pub(super) async fn lock_run(
     run_id: &str,
 ) -> Result<LockedRun, StoreError> {
     let row = sqlx::query(
-        "SELECT tenant, session, last_seq, owner, \
+        "SELECT last_seq, owner, \
          COALESCE(lease_until > clock_timestamp(), false) \
          FROM runs WHERE id = $1 FOR UPDATE",
     )
@@ -164,11 +162,9 @@ pub(super) async fn lock_run(
     .map_err(db("locking run"))?
     .ok_or(StoreError::NotFound)?;
     Ok(LockedRun {
-        tenant: row.try_get(0).map_err(db("reading run"))?,
-        session: row.try_get(1).map_err(db("reading run"))?,
-        last_seq: row.try_get(2).map_err(db("reading run"))?,
-        owner: row.try_get(3).map_err(db("reading run"))?,
-        lease_live: row.try_get(4).map_err(db("reading run"))?,
+        last_seq: row.try_get(0).map_err(db("reading run"))?,
+        owner: row.try_get(1).map_err(db("reading run"))?,
+        lease_live: row.try_get(2).map_err(db("reading run"))?,
     })
 }
 
@@ -176,24 +172,71 @@ pub(super) async fn apply_commit(
     tx: &mut Transaction<'_, Postgres>,
     run_id: &str,
     locked: &LockedRun,
-    commit: Commit,
+    mut commit: Commit,
 ) -> Result<Vec<Event>, StoreError> {
-    let LockedRun {
-        tenant,
-        session,
-        last_seq,
-        ..
-    } = locked;
+    for approval in &commit.approvals {
+        approvals::insert(&mut **tx, approval).await?;
+    }
+    let patch_ends_run = commit
+        .patch
+        .as_ref()
+        .and_then(|p| p.status)
+        .is_some_and(RunStatus::is_terminal);
+    let last = to_u64(locked.last_seq, "last_seq")?;
+    let kinds = std::mem::take(&mut commit.events);
+    let events = match write_commit(&mut **tx, run_id, last, Guard::Locked, kinds, &commit).await? {
+        Written::Applied(events) => events,
+        Written::Refused(_) => {
+            return Err(StoreError::Backend(format!(
+                "run {run_id}: its locked row took no update"
+            )));
+        }
+    };
+    if patch_ends_run {
+        super::quota::release_slot_in(tx, run_id).await?;
+    }
+    Ok(events)
+}
+
+/// What a commit's statement checks before it writes anything.
+pub(super) enum Guard<'a> {
+    /// The run's row is locked by the transaction, and checked.
+    Locked,
+    /// The run's last event is still `last_seq`, and `node` holds its
+    /// lease: what the node knew when it last wrote the run.
+    Current { node: &'a str },
+}
+
+/// The outcome of [`write_commit`].
+pub(super) enum Written {
+    Applied(Vec<Event>),
+    /// The guard did not hold and nothing was written: the events, unnumbered.
+    Refused(Vec<keel_protocol::EventKind>),
+}
+
+/// Writes a commit's events, messages and run patch in one statement, one
+/// round trip: data-modifying CTEs always run, an empty array inserts
+/// nothing, and the inserts take their rows from the run's update, so a
+/// guard that fails writes nothing at all. Message ids are drawn in the
+/// order rows are inserted; ORDER BY keeps that the order of the commit.
+/// The commit's approvals are not written here.
+pub(super) async fn write_commit(
+    executor: impl sqlx::PgExecutor<'_>,
+    run_id: &str,
+    last_seq: u64,
+    guard: Guard<'_>,
+    kinds: Vec<keel_protocol::EventKind>,
+    commit: &Commit,
+) -> Result<Written, StoreError> {
     let ts = now();
-    let last = to_u64(*last_seq, "last_seq")?;
-    let events = crate::numbering::number_events(run_id, last, ts, commit.events)?;
-    let seq = events.last().map_or(last, |e| e.seq);
+    let events = crate::numbering::number_events(run_id, last_seq, ts, kinds)?;
+    let seq = events.last().map_or(last_seq, |e| e.seq);
     let mut seqs = Vec::with_capacity(events.len());
     let mut types = Vec::with_capacity(events.len());
     let mut event_bodies = Vec::with_capacity(events.len());
     for event in &events {
         seqs.push(to_i64(event.seq, "seq")?);
-        types.push(event.type_name().to_owned());
+        types.push(event.type_name());
         event_bodies.push(to_json(event, "event")?);
     }
     let message_bodies = commit
@@ -201,69 +244,78 @@ pub(super) async fn apply_commit(
         .iter()
         .map(|m| to_json(m, "message"))
         .collect::<Result<Vec<_>, _>>()?;
-
-    for approval in &commit.approvals {
-        approvals::insert(&mut **tx, approval).await?;
-    }
-
-    let patch = commit.patch.unwrap_or_default();
-    let patch_ends_run = patch.status.is_some_and(RunStatus::is_terminal);
+    let patch = commit.patch.as_ref();
     // `pending` has three states (keep, clear, set), hence the flag next to the value.
-    let (set_pending, pending) = match &patch.pending {
+    let (set_pending, pending) = match patch.and_then(|p| p.pending.as_ref()) {
         None => (false, None),
         Some(None) => (true, None),
         Some(Some(p)) => (true, Some(to_json(p, "pending")?)),
     };
-    // Events, messages and the run's row in one statement, one round trip:
-    // data-modifying CTEs always run, and an empty array inserts nothing.
-    // Message ids are drawn in the order rows are inserted; ORDER BY keeps
-    // that the order of the commit.
-    sqlx::query(
-        "WITH new_events AS ( \
+    let (expect_seq, node) = match guard {
+        Guard::Locked => (None, None),
+        Guard::Current { node } => (Some(to_i64(last_seq, "last_seq")?), Some(node)),
+    };
+    let updated: i64 = sqlx::query_scalar(
+        "WITH run AS ( \
+           UPDATE runs SET \
+             status = COALESCE($2, status), \
+             output = COALESCE($3, output), \
+             pending = CASE WHEN $4 THEN $5::json ELSE pending END, \
+             steps = COALESCE($6, steps), \
+             usage = COALESCE($7::json, usage), \
+             error = COALESCE($8::json, error), \
+             state = COALESCE($9::json, state), \
+             last_seq = $10, \
+             updated_at = $11 \
+           WHERE id = $1 AND ($16::bigint IS NULL OR \
+             (last_seq = $16 AND owner = $17 AND lease_until > clock_timestamp())) \
+           RETURNING tenant, session \
+         ), new_events AS ( \
            INSERT INTO events (run_id, seq, type, body, ts) \
            SELECT $1, e.seq, e.type, e.body::json, $11 \
-           FROM UNNEST($12::bigint[], $13::text[], $14::text[]) AS e (seq, type, body) \
+           FROM run, UNNEST($12::bigint[], $13::text[], $14::text[]) AS e (seq, type, body) \
          ), new_messages AS ( \
            INSERT INTO messages (tenant, session, run_id, body) \
-           SELECT $15, $16, $1, m.body::json \
-           FROM UNNEST($17::text[]) WITH ORDINALITY AS m (body, n) ORDER BY m.n \
+           SELECT run.tenant, run.session, $1, m.body::json \
+           FROM run, UNNEST($15::text[]) WITH ORDINALITY AS m (body, n) ORDER BY m.n \
          ) \
-         UPDATE runs SET \
-           status = COALESCE($2, status), \
-           output = COALESCE($3, output), \
-           pending = CASE WHEN $4 THEN $5::json ELSE pending END, \
-           steps = COALESCE($6, steps), \
-           usage = COALESCE($7::json, usage), \
-           error = COALESCE($8::json, error), \
-           state = COALESCE($9::json, state), \
-           last_seq = $10, \
-           updated_at = $11 \
-         WHERE id = $1",
+         SELECT count(*) FROM run",
     )
     .bind(run_id)
-    .bind(patch.status.map(RunStatus::as_str))
-    .bind(patch.output)
+    .bind(patch.and_then(|p| p.status).map(RunStatus::as_str))
+    .bind(patch.and_then(|p| p.output.as_deref()))
     .bind(set_pending)
     .bind(pending)
-    .bind(patch.steps.map(i64::from))
-    .bind(patch.usage.map(|u| to_json(&u, "usage")).transpose()?)
-    .bind(patch.error.map(|e| to_json(&e, "error")).transpose()?)
-    .bind(patch.state)
+    .bind(patch.and_then(|p| p.steps).map(i64::from))
+    .bind(
+        patch
+            .and_then(|p| p.usage.as_ref())
+            .map(|u| to_json(u, "usage"))
+            .transpose()?,
+    )
+    .bind(
+        patch
+            .and_then(|p| p.error.as_ref())
+            .map(|e| to_json(e, "error"))
+            .transpose()?,
+    )
+    .bind(patch.and_then(|p| p.state.as_deref()))
     .bind(to_i64(seq, "last_seq")?)
     .bind(ts)
     .bind(seqs)
     .bind(types)
     .bind(event_bodies)
-    .bind(tenant)
-    .bind(session)
     .bind(message_bodies)
-    .execute(&mut **tx)
+    .bind(expect_seq)
+    .bind(node)
+    .fetch_one(executor)
     .await
     .map_err(db("writing the commit"))?;
-    if patch_ends_run {
-        super::quota::release_slot_in(tx, run_id).await?;
-    }
-    Ok(events)
+    Ok(if updated == 1 {
+        Written::Applied(events)
+    } else {
+        Written::Refused(events.into_iter().map(|e| e.kind).collect())
+    })
 }
 
 /// Moves the session's messages to `<session>~<timestamp>` (a session of its
