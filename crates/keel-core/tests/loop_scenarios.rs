@@ -576,3 +576,28 @@ async fn a_provider_error_fails_the_run_with_a_clear_error() {
     assert_eq!(rt.event_types(&id).await.last(), Some(&"run_failed"));
     rt.finish();
 }
+
+#[tokio::test]
+async fn with_drift_off_the_stored_state_keeps_no_trace_of_the_steps() {
+    for enabled in [true, false] {
+        let model = ScriptedModel::new([
+            call_tool("furnace_status", json!({"furnace_id": "F1"})),
+            reply_text("F1 is running."),
+        ]);
+        let rt = plant(model)
+            .agent(move |a| a.drift.enabled = enabled)
+            .build()
+            .await;
+        let id = rt.start("How is furnace F1?").await;
+        let run = rt.wait_status(&id, RunStatus::Completed).await;
+        let course = &run.state["course"];
+        let kept = |list: &str| course[list].as_array().map_or(0, Vec::len);
+        let expected = if enabled { (1, 1) } else { (0, 0) };
+        assert_eq!(
+            (kept("trace"), kept("progress")),
+            expected,
+            "drift enabled: {enabled}; course: {course}"
+        );
+        rt.finish();
+    }
+}

@@ -419,6 +419,15 @@ impl RunActor {
             .last()
             .map(|r| (r.call.clone(), r.outcome.clone()))
             .unwrap_or_default();
+        if !spec.idempotent {
+            self.record_side_effect(&call.name, fingerprint, shown);
+        }
+        // With drift off, nothing reads the trace, the progress or the
+        // failures (scoring, reflection, resets and restores are all off),
+        // and the state they would grow is written at every commit.
+        if !self.agent.config.drift.enabled {
+            return;
+        }
         let step = self.steps;
         let course = &mut self.state.course;
         course.push_trace(StepTrace {
@@ -444,9 +453,6 @@ impl RunActor {
             });
         } else if !ok {
             course.learn_failure(format!("`{}` failed: {}", call.name, snippet(shown, 160)));
-        }
-        if !spec.idempotent {
-            self.record_side_effect(&call.name, fingerprint, shown);
         }
     }
 
