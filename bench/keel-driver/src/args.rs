@@ -112,11 +112,11 @@ pub fn parse() -> Result<Opts, String> {
     if o.base_url.is_empty() {
         return Err(format!("--base-url is required\n{USAGE}"));
     }
-    // auto: whichever measured cheaper. One run at a time, SSE loses ~40 ms
-    // per run at its tail (keel's API socket has Nagle on and the idle
-    // client delays its ACK), so seq polls every millisecond; with 200 runs
-    // at once polling costs more than that tail, so conc streams.
-    o.wait = wait.unwrap_or(if o.seq { Wait::Poll } else { Wait::Sse });
+    // auto: whichever measured cheaper, which is now the stream in both
+    // modes. Seq used to poll every millisecond while keel's API socket had
+    // Nagle on (SSE then lost ~40 ms at each run's tail); with TCP_NODELAY
+    // the stream costs less than the polls (bench/README.md).
+    o.wait = wait.unwrap_or(Wait::Sse);
     if o.k == 0 {
         o.k = if o.seq { 50 } else { 5 };
     }
