@@ -268,6 +268,9 @@ impl Coordination for PgNode {
         let locked = writes::lock_run(&mut tx, run_id).await?;
         if !(locked.lease_live && locked.owner.as_deref() == Some(self.node_id.as_str())) {
             self.last_seqs.forget(run_id);
+            // Rolled back now, not when the connection is next used: until
+            // then the row stays locked, and a claim skips locked rows.
+            tx.rollback().await.map_err(db("rolling back"))?;
             return Err(StoreError::LeaseLost(format!(
                 "run {run_id}: node {} no longer holds its lease (owner: {})",
                 self.node_id,
