@@ -272,3 +272,51 @@ async fn a_version_5_database_keeps_its_messages_and_their_order() {
         .unwrap();
     assert!(!schema.contains("AUTOINCREMENT"), "{schema}");
 }
+
+/// A steady stream of commits, each rewriting a run's 6 KB state as a tool
+/// turn does, writes about 25 times the WAL's restart size in all; with
+/// checkpoints that only ever copy, the WAL grew by all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_starts_over_under_a_steady_stream_of_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let tenant = keel_protocol::new_id("ten");
+    let (run, _) = store
+        .create_run(store_suite::new_run(&tenant, "s"))
+        .await
+        .unwrap();
+    let wal = dir.path().join("keel.db-wal");
+    let mut largest = 0;
+    for i in 0..4_000u32 {
+        let state = serde_json::json!({ "turn": i, "pad": "x".repeat(6_000) }).to_string();
+        store
+            .commit(
+                &run.id,
+                Commit {
+                    events: vec![EventKind::MessageDelta {
+                        text: format!("turn {i}"),
+                    }],
+                    messages: vec![Message::user(format!("turn {i}"))],
+                    patch: Some(RunPatch {
+                        state: Some(state),
+                        ..RunPatch::default()
+                    }),
+                    ..Commit::default()
+                },
+            )
+            .await
+            .unwrap();
+        largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+    }
+    // The restart size is 4,096 frames of 4 KiB; a commit here is about
+    // five frames, 100 MB over the whole loop.
+    let bound = 3 * 4_096 * 4_120;
+    assert!(
+        largest < bound,
+        "the WAL reached {largest} bytes (bound {bound})"
+    );
+    let last = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(last.state["turn"], 3_999);
+    assert_eq!(store.history(&run.id).await.unwrap().len(), 4_000);
+}
