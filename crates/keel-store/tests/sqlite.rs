@@ -320,3 +320,56 @@ async fn the_wal_starts_over_under_a_steady_stream_of_commits() {
     assert_eq!(last.state["turn"], 3_999);
     assert_eq!(store.history(&run.id).await.unwrap().len(), 4_000);
 }
+
+/// While another connection (a checkpoint, another process) holds the
+/// database's write lock, a commit waits for it off the caller's thread:
+/// on a single-threaded runtime, other tasks still run meanwhile.
+#[tokio::test(flavor = "current_thread")]
+async fn a_commit_waiting_for_the_write_lock_does_not_hold_up_its_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let tenant = keel_protocol::new_id("ten");
+    let (run, _) = store
+        .create_run(store_suite::new_run(&tenant, "s"))
+        .await
+        .unwrap();
+
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        other.execute_batch("COMMIT").unwrap();
+    });
+    let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let ticker = tokio::spawn({
+        let ticks = Arc::clone(&ticks);
+        async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    let events = store
+        .commit(
+            &run.id,
+            Commit {
+                events: vec![EventKind::MessageDelta {
+                    text: "after the lock".into(),
+                }],
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    ticker.abort();
+    holder.join().unwrap();
+    assert_eq!(events.len(), 1);
+    let ticked = ticks.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        ticked >= 5,
+        "other tasks ran {ticked} times while the commit waited"
+    );
+    assert_eq!(store.events_after(&run.id, 0, 10).await.unwrap(), events);
+}
