@@ -38,7 +38,7 @@ const IDLE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// WAL frames (pages of 4 KiB with a small header) past which a checkpoint
 /// makes the WAL start over: about 16 MiB, the WAL file's size under load.
-pub(super) const RESTART_FRAMES: i64 = 4096;
+const RESTART_FRAMES: i64 = 4096;
 
 /// How long a RESTART checkpoint waits for the writer's transaction and
 /// then for readers to finish. It holds new commits off while it waits for

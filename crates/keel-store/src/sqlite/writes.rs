@@ -86,7 +86,8 @@ pub(super) fn create_run(conn: &Connection, run: NewRun) -> Result<(RunRecord, b
 /// SQLite rewrites a row's entries in every index on a column that an
 /// UPDATE assigns, even to the value it had, and `status` is in two
 /// indexes: naming it only when it changes spares two index pages of the
-/// WAL at most commits (of about eleven).
+/// WAL at most commits (of about eleven). Both forms take the same eleven
+/// parameters; the one without status leaves `?2` unused.
 macro_rules! update_run {
     ($status:literal) => {
         concat!(
