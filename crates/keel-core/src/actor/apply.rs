@@ -17,6 +17,11 @@ use crate::admission::AdmissionCall;
 use crate::pipeline::{Cleared, Target, ToolSnapshot, Verdict};
 use keel_config::OnClarifyExhausted;
 
+/// How long a call whose start is held runs before it is announced anyway.
+/// Short beside a person watching the stream; long beside a fast tool, whose
+/// start then needs no commit of its own.
+const ANNOUNCE_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// What processing one call leaves the turn to do next.
 pub(super) enum CallFlow {
     Next,
@@ -383,8 +388,13 @@ impl RunActor {
         let fingerprint = call_fingerprint(&call.name, &args);
         let args_text = args.to_string();
         self.count_call(call, &args, &mut events);
-        // Committed before the tool runs: a restarted node knows it started.
-        self.commit(events, Vec::new()).await?;
+        let start_held = spec.idempotent && self.turn_is_held();
+        if start_held {
+            self.hold(events, Vec::new());
+        } else {
+            // Committed before the tool runs: a restarted node knows it started.
+            self.commit(events, Vec::new()).await?;
+        }
         self.hold_lease().await?;
         let ctx = ToolContext {
             tenant: self.principal.tenant.clone(),
@@ -401,13 +411,9 @@ impl RunActor {
             tokio::time::timeout(timeout, tool.call(args, &ctx)),
             span.clone(),
         );
-        let outcome = tokio::select! {
-            biased;
-            _ = self.cancel.cancelled() => return Err(Exit::Cancelled),
-            r = running => match r {
-                Ok(r) => r,
-                Err(_) => Err(ToolError::Timeout(timeout)),
-            },
+        let outcome = match self.run_tool(running, start_held).await? {
+            Ok(r) => r,
+            Err(_) => Err(ToolError::Timeout(timeout)),
         };
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         // Redacted before the span records it; `observe` would too late.
@@ -415,6 +421,48 @@ impl RunActor {
         crate::otel::record_tool(&span, &outcome);
         let observed = self.observe(call, reg, &fingerprint, &args_text, outcome, duration_ms);
         self.commit(observed.events, vec![observed.message]).await
+    }
+
+    /// Runs a started call until it answers or the run is cancelled. A call
+    /// whose start is held (see `turn_is_held`) is announced once it has run
+    /// for [`ANNOUNCE_AFTER`]: the held plan, decision and `tool_call` are
+    /// committed while it keeps running, so a slow tool shows in the stream
+    /// while it works. A fast one is recorded with its result, in one commit.
+    async fn run_tool<F: Future>(
+        &mut self,
+        running: F,
+        start_held: bool,
+    ) -> Result<F::Output, Exit> {
+        let cancel = self.cancel.clone();
+        let mut running = std::pin::pin!(running);
+        let mut answered = None;
+        if start_held {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Err(Exit::Cancelled),
+                r = &mut running => return Ok(r),
+                () = tokio::time::sleep(ANNOUNCE_AFTER) => {}
+            }
+            // The announcement is not cut short by a cancellation: like every
+            // commit, it is written whole or not at all before the run ends.
+            let mut announce = self.commit(Vec::new(), Vec::new());
+            let announced = loop {
+                tokio::select! {
+                    biased;
+                    c = &mut announce => break c,
+                    r = &mut running, if answered.is_none() => answered = Some(r),
+                }
+            };
+            announced?;
+        }
+        if let Some(r) = answered {
+            return Ok(r);
+        }
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(Exit::Cancelled),
+            r = running => Ok(r),
+        }
     }
 
     /// A cleared client tool call goes to the caller; the run waits for its

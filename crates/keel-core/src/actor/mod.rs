@@ -629,6 +629,17 @@ impl RunActor {
         self.held.1.extend(messages);
     }
 
+    /// Nothing of the current model turn is stored yet: its plan is still
+    /// held. A crash now redoes the whole turn from the model's question, so
+    /// an idempotent call made now needs no record that it started; its
+    /// decision, call and result join the plan in the turn's first commit.
+    /// Once the plan is stored, each later call of the turn is recorded as
+    /// started before it runs, as a non-idempotent call always is: a node
+    /// killed while it runs resumes the turn with that call on record.
+    fn turn_is_held(&self) -> bool {
+        !self.held.0.is_empty()
+    }
+
     /// Tool calls of the last assistant turn that have no result yet.
     fn unanswered_calls(&self) -> Vec<ToolCall> {
         unanswered(&self.history)

@@ -1,0 +1,244 @@
+//! What one tool turn writes, and when. A turn whose first call is
+//! idempotent and quick is stored in one commit: plan, decision, call and
+//! result together. A call whose start must be on record before it runs
+//! (not idempotent, or later in a turn whose plan is already stored) gets
+//! its own commit first. A slow idempotent call still shows in the stream
+//! while it runs.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_protocol::{
+    Commit, Coordination, Event, EventKind, Notices, QueuedCommand, RunRecord, SingleNode, Store,
+    StoreError,
+};
+use keel_test_support::harness::{TestRuntime, async_tool, tool};
+use keel_test_support::scripted::{Gate, ScriptedModel, Step, call_tool, call_tools, reply_text};
+use serde_json::{Value, json};
+
+/// The single node, recording the event types of every commit it writes.
+struct RecordingNode {
+    inner: SingleNode,
+    commits: Arc<Mutex<Vec<Vec<&'static str>>>>,
+}
+
+#[async_trait::async_trait]
+impl Coordination for RecordingNode {
+    fn node_id(&self) -> &str {
+        self.inner.node_id()
+    }
+
+    fn is_shared(&self) -> bool {
+        self.inner.is_shared()
+    }
+
+    fn lease(&self) -> Duration {
+        self.inner.lease()
+    }
+
+    async fn acquire(&self, run_id: &str) -> Result<bool, StoreError> {
+        self.inner.acquire(run_id).await
+    }
+
+    async fn renew(&self, run_ids: &[String]) -> Result<Vec<String>, StoreError> {
+        self.inner.renew(run_ids).await
+    }
+
+    async fn claim(&self, limit: u32) -> Result<Vec<RunRecord>, StoreError> {
+        self.inner.claim(limit).await
+    }
+
+    async fn release_all(&self) -> Result<(), StoreError> {
+        self.inner.release_all().await
+    }
+
+    async fn owned_count(&self) -> Result<u64, StoreError> {
+        self.inner.owned_count().await
+    }
+
+    async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError> {
+        let events = self.inner.commit(run_id, commit).await?;
+        self.commits
+            .lock()
+            .unwrap()
+            .push(events.iter().map(Event::type_name).collect());
+        Ok(events)
+    }
+
+    async fn post_command(
+        &self,
+        run_id: &str,
+        tenant: &str,
+        body: &Value,
+    ) -> Result<(), StoreError> {
+        self.inner.post_command(run_id, tenant, body).await
+    }
+
+    async fn take_commands(&self) -> Result<Vec<QueuedCommand>, StoreError> {
+        self.inner.take_commands().await
+    }
+
+    async fn listen(&self) -> Result<Box<dyn Notices>, StoreError> {
+        self.inner.listen().await
+    }
+}
+
+type Commits = Arc<Mutex<Vec<Vec<&'static str>>>>;
+
+/// A runtime over a node that records its commits.
+async fn recorded(
+    model: ScriptedModel,
+    tools: Vec<keel_test_support::harness::TestTool>,
+) -> (TestRuntime, Commits) {
+    let commits: Commits = Arc::default();
+    let seen = commits.clone();
+    let mut builder = TestRuntime::builder(model).coordination(move |store: Arc<dyn Store>| {
+        Arc::new(RecordingNode {
+            inner: SingleNode::new(store),
+            commits: seen,
+        })
+    });
+    for t in tools {
+        builder = builder.tool(t);
+    }
+    (builder.build().await, commits)
+}
+
+/// The recorded commits that hold a `tool_call` event.
+fn commits_with_calls(commits: &Commits) -> Vec<Vec<&'static str>> {
+    commits
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.contains(&"tool_call"))
+        .cloned()
+        .collect()
+}
+
+fn furnace_status() -> keel_test_support::harness::TestTool {
+    tool(
+        "furnace_status",
+        json!({"type": "object", "properties": {"furnace_id": {"type": "string"}}, "required": ["furnace_id"]}),
+        |args| json!({"furnace": args["furnace_id"], "state": "running"}),
+    )
+    .idempotent(true)
+}
+
+fn restart_furnace() -> keel_test_support::harness::TestTool {
+    tool(
+        "restart_furnace",
+        json!({"type": "object", "properties": {"furnace_id": {"type": "string"}}, "required": ["furnace_id"]}),
+        |args| json!({"restarted": args["furnace_id"]}),
+    )
+}
+
+#[tokio::test]
+async fn each_turn_of_quick_idempotent_calls_is_one_commit() {
+    let model = ScriptedModel::new::<Step>([
+        call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),
+        call_tool("furnace_status", json!({"furnace_id": "F2"})).into(),
+        call_tool("furnace_status", json!({"furnace_id": "F3"})).into(),
+        reply_text("All three are running.").into(),
+    ]);
+    let (rt, commits) = recorded(model, vec![furnace_status()]).await;
+    let run = rt.start("How are F1, F2 and F3?").await;
+    let done = rt.wait_terminal(&run).await;
+    assert_eq!(done.output.as_deref(), Some("All three are running."));
+    assert_eq!(rt.tool_calls_executed("furnace_status"), 3);
+    let turns = commits_with_calls(&commits);
+    assert_eq!(turns.len(), 3, "one commit per turn: {turns:?}");
+    for turn in &turns {
+        // The result's checks (`verify`) follow it in the same commit.
+        assert!(
+            turn.starts_with(&["react_plan", "policy_decision", "tool_call", "tool_result"]),
+            "the turn's plan, decision, call and result are stored together: {turn:?}"
+        );
+    }
+    rt.model().assert_clean();
+}
+
+#[tokio::test]
+async fn a_call_that_is_not_idempotent_is_on_record_before_it_runs() {
+    let model = ScriptedModel::new::<Step>([
+        call_tool("restart_furnace", json!({"furnace_id": "F1"})).into(),
+        reply_text("F1 restarted.").into(),
+    ]);
+    let (rt, commits) = recorded(model, vec![restart_furnace()]).await;
+    let run = rt.start("Restart F1").await;
+    rt.wait_terminal(&run).await;
+    assert_eq!(rt.tool_calls_executed("restart_furnace"), 1);
+    let starts = commits_with_calls(&commits);
+    assert_eq!(
+        starts,
+        vec![vec!["react_plan", "policy_decision", "tool_call"]],
+        "the start is stored alone, before the result"
+    );
+    rt.model().assert_clean();
+}
+
+#[tokio::test]
+async fn a_later_call_of_a_stored_turn_is_on_record_before_it_runs() {
+    // The first call's commit stores the turn's plan; from then on a crash
+    // resumes mid-turn, and a started call must be on record to be rerun.
+    let model = ScriptedModel::new::<Step>([
+        call_tools([
+            ("furnace_status", json!({"furnace_id": "F1"})),
+            ("furnace_status", json!({"furnace_id": "F2"})),
+        ])
+        .into(),
+        reply_text("Both are running.").into(),
+    ]);
+    let (rt, commits) = recorded(model, vec![furnace_status()]).await;
+    let run = rt.start("How are F1 and F2?").await;
+    rt.wait_terminal(&run).await;
+    let starts = commits_with_calls(&commits);
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    assert!(
+        starts[0].starts_with(&["react_plan", "policy_decision", "tool_call", "tool_result"]),
+        "the first call rides with the plan: {starts:?}"
+    );
+    assert_eq!(
+        starts[1],
+        ["policy_decision", "tool_call"],
+        "the second is stored as started, alone"
+    );
+    rt.model().assert_clean();
+}
+
+#[tokio::test]
+async fn a_slow_idempotent_call_shows_in_the_stream_while_it_runs() {
+    let gate = Gate::new();
+    let release = gate.clone();
+    let slow = async_tool(
+        "furnace_history",
+        json!({"type": "object", "properties": {"furnace_id": {"type": "string"}}, "required": ["furnace_id"]}),
+        move |args: Value, _ctx| {
+            let gate = gate.clone();
+            async move {
+                gate.wait().await;
+                json!({"furnace": args["furnace_id"], "batches": 12})
+            }
+        },
+    )
+    .idempotent(true);
+    let model = ScriptedModel::new::<Step>([
+        call_tool("furnace_history", json!({"furnace_id": "F1"})).into(),
+        reply_text("F1 ran 12 batches.").into(),
+    ]);
+    let (rt, commits) = recorded(model, vec![slow]).await;
+    let run = rt.start("What did F1 do this week?").await;
+    // The tool answers only once the stream has shown its call: held
+    // until its result, the call would never show, and this wait fails.
+    let call = rt.wait_event(&run, "tool_call").await;
+    assert!(matches!(call.kind, EventKind::ToolCall { ref tool, .. } if tool == "furnace_history"));
+    release.open();
+    let done = rt.wait_terminal(&run).await;
+    assert_eq!(done.output.as_deref(), Some("F1 ran 12 batches."));
+    assert_eq!(
+        commits_with_calls(&commits),
+        vec![vec!["react_plan", "policy_decision", "tool_call"]],
+        "announced on its own while it ran"
+    );
+    rt.model().assert_clean();
+}
