@@ -30,6 +30,9 @@ const MAX_CONNECTIONS: u32 = 10;
 /// How long a request waits for a free connection before failing.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A connection idle for this long is pinged before it is used again.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
 /// [`Store`] over a PostgreSQL database.
 pub struct PostgresStore {
     pool: PgPool,
@@ -74,9 +77,23 @@ impl PostgresStore {
             )]),
             None => options,
         };
+        // sqlx pings every connection it hands out, by default: a round trip
+        // before each statement, a commit's included. A connection in steady
+        // use needs no such proof (a failure still surfaces, on the statement
+        // itself); one that sat idle, through a restart or a cut network
+        // perhaps, is pinged, and replaced if it does not answer.
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options)
             .await
             .map_err(|e| StoreError::Backend(format!("connecting to PostgreSQL: {e}")))?;
