@@ -3,7 +3,9 @@
 //! result together. A call whose start must be on record before it runs
 //! (not idempotent, or later in a turn whose plan is already stored) gets
 //! its own commit first. A slow idempotent call still shows in the stream
-//! while it runs.
+//! while it runs. A turn stored in one commit is written behind the run:
+//! the model is asked again while it is written, and the run's next write
+//! waits for it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,17 @@ use serde_json::{Value, json};
 struct RecordingNode {
     inner: SingleNode,
     commits: Arc<Mutex<Vec<Vec<&'static str>>>>,
+    results: Results,
+}
+
+/// What the node does with a commit that holds a `tool_result`.
+#[derive(Clone)]
+enum Results {
+    Write,
+    /// Writes it once the gate opens.
+    WaitFor(Gate),
+    /// Refuses it, as a node refuses a run another node took over.
+    Refuse,
 }
 
 #[async_trait::async_trait]
@@ -58,6 +71,19 @@ impl Coordination for RecordingNode {
     }
 
     async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError> {
+        let has_result = commit
+            .events
+            .iter()
+            .any(|e| matches!(e, EventKind::ToolResult { .. }));
+        match &self.results {
+            Results::WaitFor(gate) if has_result => gate.wait().await,
+            Results::Refuse if has_result => {
+                return Err(StoreError::LeaseLost(format!(
+                    "run {run_id}: another node took it over"
+                )));
+            }
+            _ => {}
+        }
         let events = self.inner.commit(run_id, commit).await?;
         self.commits
             .lock()
@@ -91,12 +117,21 @@ async fn recorded(
     model: ScriptedModel,
     tools: Vec<keel_test_support::harness::TestTool>,
 ) -> (TestRuntime, Commits) {
+    recorded_with(model, tools, Results::Write).await
+}
+
+async fn recorded_with(
+    model: ScriptedModel,
+    tools: Vec<keel_test_support::harness::TestTool>,
+    results: Results,
+) -> (TestRuntime, Commits) {
     let commits: Commits = Arc::default();
     let seen = commits.clone();
     let mut builder = TestRuntime::builder(model).coordination(move |store: Arc<dyn Store>| {
         Arc::new(RecordingNode {
             inner: SingleNode::new(store),
             commits: seen,
+            results: results.clone(),
         })
     });
     for t in tools {
@@ -241,4 +276,76 @@ async fn a_slow_idempotent_call_shows_in_the_stream_while_it_runs() {
         "announced on its own while it ran"
     );
     rt.model().assert_clean();
+}
+
+#[tokio::test]
+async fn the_model_is_asked_again_while_the_turn_is_written() {
+    let model = ScriptedModel::new::<Step>([
+        call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),
+        call_tool("furnace_status", json!({"furnace_id": "F2"})).into(),
+        reply_text("Both are running.").into(),
+    ]);
+    let writes = Gate::new();
+    let (rt, commits) = recorded_with(
+        model,
+        vec![furnace_status()],
+        Results::WaitFor(writes.clone()),
+    )
+    .await;
+    let run = rt.start("How are F1 and F2?").await;
+    // The first turn's commit cannot finish before the gate opens; the
+    // model is asked again anyway, with the turn's result.
+    rt.wait_until("the model is asked a second time", || {
+        rt.model().request_count() >= 2
+    })
+    .await;
+    let second = rt.model().request(1).unwrap();
+    let results = keel_test_support::scripted::tool_messages(&second);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(results[0].1.contains("F1"), "{results:?}");
+    // Nothing of the turn is published before it is stored.
+    assert_eq!(rt.event_types(&run).await, ["run_started"]);
+    // The second turn's write waits for the first: the model is not asked
+    // a third time, and the run does not end, until it is stored.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(rt.model().request_count(), 2);
+    assert!(!rt.run(&run).await.status.is_terminal());
+    writes.open();
+    let done = rt.wait_terminal(&run).await;
+    assert_eq!(done.output.as_deref(), Some("Both are running."));
+    let turns = commits_with_calls(&commits);
+    assert_eq!(turns.len(), 2, "one commit per turn, in order: {turns:?}");
+    let types = rt.event_types(&run).await;
+    let plans = types.iter().filter(|t| **t == "react_plan").count();
+    assert_eq!(plans, 2, "{types:?}");
+    assert_eq!(types.last(), Some(&"run_completed"), "{types:?}");
+    rt.model().assert_clean();
+}
+
+#[tokio::test]
+async fn a_turn_refused_behind_the_run_stops_it() {
+    let model = ScriptedModel::new::<Step>([
+        call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),
+        call_tool("furnace_status", json!({"furnace_id": "F2"})).into(),
+        reply_text("Both are running.").into(),
+    ]);
+    let (rt, _commits) = recorded_with(model, vec![furnace_status()], Results::Refuse).await;
+    let run = rt.start("How are F1 and F2?").await;
+    rt.wait_until("the first tool call ran", || {
+        rt.tool_calls_executed("furnace_status") >= 1
+    })
+    .await;
+    // Time for a run that ignored the refusal to go on to its answer.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The refusal stops the run at its next write at the latest: it never
+    // asks for the answer, and it stores nothing of either turn, leaving
+    // the run as it was for the node that took it over.
+    assert!(
+        rt.model().request_count() <= 2,
+        "{}",
+        rt.model().request_count()
+    );
+    assert!(rt.tool_calls_executed("furnace_status") <= 2);
+    assert_eq!(rt.event_types(&run).await, ["run_started"]);
+    assert_eq!(rt.run(&run).await.status, keel_protocol::RunStatus::Running);
 }

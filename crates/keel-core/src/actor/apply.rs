@@ -395,6 +395,7 @@ impl RunActor {
             // Committed before the tool runs: a restarted node knows it started.
             self.commit(events, Vec::new()).await?;
         }
+        self.check_behind().await?;
         self.hold_lease().await?;
         let ctx = ToolContext {
             tenant: self.principal.tenant.clone(),
@@ -420,6 +421,13 @@ impl RunActor {
         let outcome = self.redact_outcome(outcome.map_err(|e| e.to_string()));
         crate::otel::record_tool(&span, &outcome);
         let observed = self.observe(call, reg, &fingerprint, &args_text, outcome, duration_ms);
+        if self.turn_is_held() {
+            // The whole turn is in this commit, and it was never announced:
+            // nothing of it is on record yet, so the run need not wait.
+            return self
+                .commit_behind(observed.events, vec![observed.message])
+                .await;
+        }
         self.commit(observed.events, vec![observed.message]).await
     }
 

@@ -127,6 +127,9 @@ pub(crate) struct RunActor {
     /// The provider's encoding of the history it was last sent: each model
     /// call of the run encodes only what is new.
     wire_cache: keel_protocol::WireCache,
+    /// A commit still being written while the run goes on (see
+    /// `commit_behind`); every later write waits for it first.
+    writing: Option<tokio::task::JoinHandle<Result<(), StoreError>>>,
 }
 
 pub(crate) struct ActorInit {
@@ -175,6 +178,7 @@ impl RunActor {
             system_prompt,
             written_state,
             wire_cache: keel_protocol::WireCache::default(),
+            writing: None,
             run_id: r.id,
             status: r.status,
             input: r.input,
@@ -226,6 +230,12 @@ impl RunActor {
                 Err(e) => {
                     tracing::error!(run = %self.run_id, error = ?e, "run could not be finished cleanly");
                 }
+            }
+            // A run that stopped between two writes (lease lost, store
+            // failed) may still have one under way: it lands, or fails,
+            // before another actor of this node can take the run up.
+            if let Err(exit) = self.written_behind().await {
+                tracing::debug!(run = %self.run_id, ?exit, "the last commit under way failed");
             }
             self.shared.actor_finished(&self.run_id);
         };
@@ -503,11 +513,66 @@ impl RunActor {
     /// published only once stored.
     async fn store_commit(
         &mut self,
+        events: Vec<EventKind>,
+        messages: Vec<Message>,
+        patch: RunPatch,
+        approvals: Vec<keel_protocol::ApprovalRecord>,
+    ) -> Result<(), Exit> {
+        let (commit, state) = self.prepare_commit(events, messages, patch, approvals)?;
+        let published = self.write(commit).await?;
+        if let Some(state) = state {
+            self.written_state = state;
+        }
+        publish(&self.shared, &self.agent.config.id, &published);
+        Ok(())
+    }
+
+    /// Like `commit`, but the run goes on while the commit is written: the
+    /// next model call need not wait for the store. Only for a turn whose
+    /// every part is in this one commit (plan, decision, call and result of
+    /// an idempotent call): until it is stored, a node that dies redoes the
+    /// turn from the model's question, as it would have before the commit
+    /// began. Its events are published once stored, and every later write
+    /// waits for it, so the run's commits keep their order and a failure
+    /// (a lost lease) stops the run at its next write. A stalled node's
+    /// next tool call is still checked against its lease (`hold_lease`).
+    async fn commit_behind(
+        &mut self,
+        events: Vec<EventKind>,
+        messages: Vec<Message>,
+    ) -> Result<(), Exit> {
+        self.written_behind().await?;
+        let (commit, state) =
+            self.prepare_commit(events, messages, RunPatch::default(), Vec::new())?;
+        if let Some(state) = state {
+            self.written_state = state;
+        }
+        let shared = self.shared.clone();
+        let run_id = self.run_id.clone();
+        let agent_id = self.agent.config.id.clone();
+        let write = async move {
+            let published = shared.coord.commit(&run_id, commit).await?;
+            publish(&shared, &agent_id, &published);
+            Ok(())
+        };
+        self.writing = Some(tokio::spawn(tracing::Instrument::in_current_span(write)));
+        // The write starts now, not whenever the run next waits: on a busy
+        // worker, the new task would otherwise queue behind the model call's
+        // own tasks, and its round trip to the store would overlap nothing.
+        tokio::task::yield_now().await;
+        Ok(())
+    }
+
+    /// What a commit writes: the held-back work, then this change, with the
+    /// loop's counters, and the loop state when it changed (returned, to be
+    /// remembered as written once it is).
+    fn prepare_commit(
+        &mut self,
         mut events: Vec<EventKind>,
         mut messages: Vec<Message>,
         mut patch: RunPatch,
         mut approvals: Vec<keel_protocol::ApprovalRecord>,
-    ) -> Result<(), Exit> {
+    ) -> Result<(Commit, Option<String>), Exit> {
         self.scrub_events(&mut events);
         self.scrub_messages(&mut messages);
         self.scrub_patch(&mut patch);
@@ -522,8 +587,8 @@ impl RunActor {
         if self.scrub_state(&state) {
             state = serialize(&self.state)?;
         }
-        let state_changed = state != self.written_state;
-        if state_changed {
+        let changed = (state != self.written_state).then_some(state);
+        if let Some(state) = &changed {
             patch.state = Some(state.clone());
         }
         self.history.extend(messages.iter().cloned());
@@ -536,31 +601,55 @@ impl RunActor {
             patch: Some(patch),
             approvals,
         };
-        let published = self.write(commit).await?;
-        if state_changed {
-            self.written_state = state;
+        Ok((commit, changed))
+    }
+
+    /// Stores a commit through the coordination, after the one still being
+    /// written, if any: a node that lost the run writes nothing, and its
+    /// actor stops.
+    async fn write(&mut self, commit: Commit) -> Result<Vec<keel_protocol::Event>, Exit> {
+        self.written_behind().await?;
+        self.shared
+            .coord
+            .commit(&self.run_id, commit)
+            .await
+            .map_err(|e| self.write_failed(e))
+    }
+
+    /// A commit written behind the run that has already failed stops the
+    /// run now, before its next model or tool call; one still being
+    /// written is not waited for.
+    async fn check_behind(&mut self) -> Result<(), Exit> {
+        if self
+            .writing
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished)
+        {
+            self.written_behind().await?;
         }
-        crate::telemetry::record(&self.agent.config.id, &published);
-        for e in &published {
-            crate::otel::guard_event(&e.kind);
-            if e.is_terminal() {
-                crate::otel::record_end(&tracing::Span::current(), &e.kind);
-            }
-        }
-        self.shared.bus.publish(&published);
         Ok(())
     }
 
-    /// Stores a commit through the coordination: a node that lost the run
-    /// writes nothing, and its actor stops.
-    async fn write(&self, commit: Commit) -> Result<Vec<keel_protocol::Event>, Exit> {
-        match self.shared.coord.commit(&self.run_id, commit).await {
-            Ok(published) => Ok(published),
-            Err(StoreError::LeaseLost(why)) => {
+    /// Waits for the commit being written behind the run, if any.
+    async fn written_behind(&mut self) -> Result<(), Exit> {
+        let Some(writing) = self.writing.take() else {
+            return Ok(());
+        };
+        match writing.await {
+            Ok(written) => written.map_err(|e| self.write_failed(e)),
+            Err(e) => Err(Exit::Store(StoreError::Backend(format!(
+                "the task writing a commit failed: {e}"
+            )))),
+        }
+    }
+
+    fn write_failed(&self, e: StoreError) -> Exit {
+        match e {
+            StoreError::LeaseLost(why) => {
                 tracing::warn!(run = %self.run_id, %why, "run taken over by another node; this actor stops");
-                Err(Exit::Detached)
+                Exit::Detached
             }
-            Err(e) => Err(e.into()),
+            e => e.into(),
         }
     }
 
@@ -648,6 +737,18 @@ impl RunActor {
     fn deadline(&self) -> Instant {
         self.started + Duration::from_secs(self.agent.config.limits.max_wall_time_s.max(1))
     }
+}
+
+/// Stored events go out: metrics, traces, then the run's followers.
+fn publish(shared: &Shared, agent_id: &str, published: &[keel_protocol::Event]) {
+    crate::telemetry::record(agent_id, published);
+    for e in published {
+        crate::otel::guard_event(&e.kind);
+        if e.is_terminal() {
+            crate::otel::record_end(&tracing::Span::current(), &e.kind);
+        }
+    }
+    shared.bus.publish(published);
 }
 
 /// Calls of the last assistant message with tool calls that no tool message answers.

@@ -42,6 +42,7 @@ impl RunActor {
         if !self.held.0.is_empty() || !self.held.1.is_empty() {
             self.commit(Vec::new(), Vec::new()).await?;
         }
+        self.check_behind().await?;
         debug_assert!(
             self.unanswered_calls().is_empty(),
             "every tool call needs a result before the next model call"
