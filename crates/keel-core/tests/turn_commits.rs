@@ -278,13 +278,18 @@ async fn a_slow_idempotent_call_shows_in_the_stream_while_it_runs() {
     rt.model().assert_clean();
 }
 
-#[tokio::test]
-async fn the_model_is_asked_again_while_the_turn_is_written() {
-    let model = ScriptedModel::new::<Step>([
+/// Two turns of one idempotent call each, then the answer.
+fn two_status_turns() -> ScriptedModel {
+    ScriptedModel::new::<Step>([
         call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),
         call_tool("furnace_status", json!({"furnace_id": "F2"})).into(),
         reply_text("Both are running.").into(),
-    ]);
+    ])
+}
+
+#[tokio::test]
+async fn the_model_is_asked_again_while_the_turn_is_written() {
+    let model = two_status_turns();
     let writes = Gate::new();
     let (rt, commits) = recorded_with(
         model,
@@ -324,11 +329,7 @@ async fn the_model_is_asked_again_while_the_turn_is_written() {
 
 #[tokio::test]
 async fn a_turn_refused_behind_the_run_stops_it() {
-    let model = ScriptedModel::new::<Step>([
-        call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),
-        call_tool("furnace_status", json!({"furnace_id": "F2"})).into(),
-        reply_text("Both are running.").into(),
-    ]);
+    let model = two_status_turns();
     let (rt, _commits) = recorded_with(model, vec![furnace_status()], Results::Refuse).await;
     let run = rt.start("How are F1 and F2?").await;
     rt.wait_until("the first tool call ran", || {
