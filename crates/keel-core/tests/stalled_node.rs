@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_protocol::{
-    Commit, Coordination, Event, EventKind, Notices, QueuedCommand, RunRecord, RunStatus,
-    SingleNode, Store, StoreError,
+    Commit, Coordination, Event, EventKind, RunStatus, SingleNode, Store, StoreError,
 };
 use keel_test_support::harness::{TestRuntime, tool};
+use keel_test_support::node::{HookedNode, Membership, NodeHooks};
 use keel_test_support::scripted::{ScriptedModel, Step, call_tools, reply_text};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const LEASE: Duration = Duration::from_millis(600);
 
@@ -35,37 +35,24 @@ enum Phase {
 /// A cluster node over the test's store that stalls for twice its lease
 /// right after committing the start of a call of `stall_on`, and has lost
 /// its runs when it wakes.
-struct StallingNode {
-    inner: SingleNode,
+struct Stalling {
     stall_on: &'static str,
     phase: Mutex<Phase>,
 }
 
-impl StallingNode {
+impl Stalling {
     fn phase(&self) -> Phase {
         *self.phase.lock().unwrap()
     }
 }
 
 #[async_trait::async_trait]
-impl Coordination for StallingNode {
-    fn node_id(&self) -> &str {
-        "node-a"
-    }
-
-    fn is_shared(&self) -> bool {
-        true
-    }
-
-    fn lease(&self) -> Duration {
-        LEASE
-    }
-
-    async fn acquire(&self, run_id: &str) -> Result<bool, StoreError> {
-        self.inner.acquire(run_id).await
-    }
-
-    async fn renew(&self, run_ids: &[String]) -> Result<Vec<String>, StoreError> {
+impl NodeHooks for Stalling {
+    async fn renew(
+        &self,
+        _node: &SingleNode,
+        run_ids: &[String],
+    ) -> Result<Vec<String>, StoreError> {
         let sent_while_stalled = self.phase() == Phase::Stalled;
         while self.phase() == Phase::Stalled {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -78,19 +65,12 @@ impl Coordination for StallingNode {
         Ok(run_ids.to_vec())
     }
 
-    async fn claim(&self, limit: u32) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.claim(limit).await
-    }
-
-    async fn release_all(&self) -> Result<(), StoreError> {
-        self.inner.release_all().await
-    }
-
-    async fn owned_count(&self) -> Result<u64, StoreError> {
-        self.inner.owned_count().await
-    }
-
-    async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError> {
+    async fn commit(
+        &self,
+        node: &SingleNode,
+        run_id: &str,
+        commit: Commit,
+    ) -> Result<Vec<Event>, StoreError> {
         if self.phase() == Phase::Lost {
             return Err(StoreError::LeaseLost(format!(
                 "run {run_id}: another node took it over"
@@ -99,30 +79,13 @@ impl Coordination for StallingNode {
         let starts_the_call = commit.events.iter().any(
             |e| matches!(e, EventKind::ToolCall { tool, .. } if tool.as_str() == self.stall_on),
         );
-        let events = self.inner.commit(run_id, commit).await?;
+        let events = node.commit(run_id, commit).await?;
         if starts_the_call {
             *self.phase.lock().unwrap() = Phase::Stalled;
             tokio::time::sleep(LEASE * 2).await;
             *self.phase.lock().unwrap() = Phase::Lost;
         }
         Ok(events)
-    }
-
-    async fn post_command(
-        &self,
-        run_id: &str,
-        tenant: &str,
-        body: &Value,
-    ) -> Result<(), StoreError> {
-        self.inner.post_command(run_id, tenant, body).await
-    }
-
-    async fn take_commands(&self) -> Result<Vec<QueuedCommand>, StoreError> {
-        self.inner.take_commands().await
-    }
-
-    async fn listen(&self) -> Result<Box<dyn Notices>, StoreError> {
-        self.inner.listen().await
     }
 }
 
@@ -137,22 +100,22 @@ async fn a_node_that_wakes_past_its_lease_starts_no_tool_call() {
         json!({"type": "object", "properties": {"account": {"type": "string"}, "amount": {"type": "number"}}}),
         |args| json!({"charged": args["account"]}),
     );
-    let phase = Arc::new(Mutex::new(None::<Arc<StallingNode>>));
-    let seen = phase.clone();
+    let node = Arc::new(Stalling {
+        stall_on: "charge",
+        phase: Mutex::new(Phase::Running),
+    });
+    let hooks = node.clone();
     let rt = TestRuntime::builder(model)
         .tool(charge)
         .coordination(move |store: Arc<dyn Store>| {
-            let node = Arc::new(StallingNode {
-                inner: SingleNode::new(store),
-                stall_on: "charge",
-                phase: Mutex::new(Phase::Running),
-            });
-            *seen.lock().unwrap() = Some(node.clone());
-            node
+            let membership = Membership::Shared {
+                node_id: "node-a".into(),
+                lease: LEASE,
+            };
+            Arc::new(HookedNode::new(store, membership, hooks))
         })
         .build()
         .await;
-    let node = phase.lock().unwrap().clone().unwrap();
     let run = rt.start("Charge account K-1 120 EUR").await;
     // The start of the call was committed before the stall.
     rt.wait_event(&run, "tool_call").await;

@@ -11,18 +11,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use keel_protocol::{
-    Commit, Coordination, Event, EventKind, Notices, QueuedCommand, RunRecord, SingleNode, Store,
-    StoreError,
-};
+use keel_protocol::{Commit, Coordination, Event, EventKind, SingleNode, Store, StoreError};
 use keel_test_support::harness::{TestRuntime, async_tool, tool};
+use keel_test_support::node::{HookedNode, Membership, NodeHooks};
 use keel_test_support::scripted::{Gate, ScriptedModel, Step, call_tool, call_tools, reply_text};
 use serde_json::{Value, json};
 
-/// The single node, recording the event types of every commit it writes.
-struct RecordingNode {
-    inner: SingleNode,
-    commits: Arc<Mutex<Vec<Vec<&'static str>>>>,
+/// Records the event types of every commit the node writes.
+struct Recording {
+    commits: Commits,
     results: Results,
 }
 
@@ -37,40 +34,13 @@ enum Results {
 }
 
 #[async_trait::async_trait]
-impl Coordination for RecordingNode {
-    fn node_id(&self) -> &str {
-        self.inner.node_id()
-    }
-
-    fn is_shared(&self) -> bool {
-        self.inner.is_shared()
-    }
-
-    fn lease(&self) -> Duration {
-        self.inner.lease()
-    }
-
-    async fn acquire(&self, run_id: &str) -> Result<bool, StoreError> {
-        self.inner.acquire(run_id).await
-    }
-
-    async fn renew(&self, run_ids: &[String]) -> Result<Vec<String>, StoreError> {
-        self.inner.renew(run_ids).await
-    }
-
-    async fn claim(&self, limit: u32) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.claim(limit).await
-    }
-
-    async fn release_all(&self) -> Result<(), StoreError> {
-        self.inner.release_all().await
-    }
-
-    async fn owned_count(&self) -> Result<u64, StoreError> {
-        self.inner.owned_count().await
-    }
-
-    async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError> {
+impl NodeHooks for Recording {
+    async fn commit(
+        &self,
+        node: &SingleNode,
+        run_id: &str,
+        commit: Commit,
+    ) -> Result<Vec<Event>, StoreError> {
         let has_result = commit
             .events
             .iter()
@@ -84,29 +54,12 @@ impl Coordination for RecordingNode {
             }
             _ => {}
         }
-        let events = self.inner.commit(run_id, commit).await?;
+        let events = node.commit(run_id, commit).await?;
         self.commits
             .lock()
             .unwrap()
             .push(events.iter().map(Event::type_name).collect());
         Ok(events)
-    }
-
-    async fn post_command(
-        &self,
-        run_id: &str,
-        tenant: &str,
-        body: &Value,
-    ) -> Result<(), StoreError> {
-        self.inner.post_command(run_id, tenant, body).await
-    }
-
-    async fn take_commands(&self) -> Result<Vec<QueuedCommand>, StoreError> {
-        self.inner.take_commands().await
-    }
-
-    async fn listen(&self) -> Result<Box<dyn Notices>, StoreError> {
-        self.inner.listen().await
     }
 }
 
@@ -128,11 +81,11 @@ async fn recorded_with(
     let commits: Commits = Arc::default();
     let seen = commits.clone();
     let mut builder = TestRuntime::builder(model).coordination(move |store: Arc<dyn Store>| {
-        Arc::new(RecordingNode {
-            inner: SingleNode::new(store),
+        let hooks = Recording {
             commits: seen,
             results: results.clone(),
-        })
+        };
+        Arc::new(HookedNode::new(store, Membership::Single, Arc::new(hooks)))
     });
     for t in tools {
         builder = builder.tool(t);

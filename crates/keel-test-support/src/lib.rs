@@ -3,6 +3,7 @@ pub mod fake_anthropic;
 pub mod fake_chat;
 pub mod fake_openai;
 pub mod harness;
+pub mod node;
 pub mod pg;
 pub mod scripted;
 pub mod sse;
