@@ -199,17 +199,7 @@ async fn a_failed_request_does_not_spoil_its_batch() {
 async fn a_version_5_database_keeps_its_messages_and_their_order() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keel.db");
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    for sql in [
-        include_str!("../migrations/sqlite/0001_init.sql"),
-        include_str!("../migrations/sqlite/0002_approvals.sql"),
-        include_str!("../migrations/sqlite/0003_leases.sql"),
-        include_str!("../migrations/sqlite/0004_channel_messages.sql"),
-        include_str!("../migrations/sqlite/0005_quotas.sql"),
-    ] {
-        conn.execute_batch(sql).unwrap();
-    }
-    conn.pragma_update(None, "user_version", 5).unwrap();
+    let conn = database_at_version(&path, 5);
     conn.execute_batch(
         "INSERT INTO sessions VALUES ('t', 's', '2026-11-01T00:00:00Z'); \
          INSERT INTO runs (id, ord, tenant, session, agent, status, input, usage, metadata, \
@@ -271,6 +261,109 @@ async fn a_version_5_database_keeps_its_messages_and_their_order() {
         )
         .unwrap();
     assert!(!schema.contains("AUTOINCREMENT"), "{schema}");
+}
+
+/// Events of a version 6 database, where they were keyed by run and
+/// sequence number, are all there after the migration, in order, and the
+/// run's next commit goes on from where they stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_6_database_keeps_its_events_and_their_order() {
+    // Real event bodies, as a store writes them.
+    let (_scratch, source) = temp_store();
+    let tenant = keel_protocol::new_id("ten");
+    let (run, _) = source
+        .create_run(store_suite::new_run(&tenant, "s"))
+        .await
+        .unwrap();
+    let texts = ["one", "two", "three"];
+    for text in texts {
+        let commit = Commit {
+            events: vec![EventKind::MessageDelta { text: text.into() }],
+            ..Commit::default()
+        };
+        source.commit(&run.id, commit).await.unwrap();
+    }
+    let written = source.events_after(&run.id, 0, 100).await.unwrap();
+    assert_eq!(written.len(), 3);
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let conn = database_at_version(&path, 6);
+    conn.execute(
+        "INSERT INTO sessions VALUES (?1, 's', '2026-11-01T00:00:00Z')",
+        [&tenant],
+    )
+    .unwrap();
+    conn.execute(
+        "INSERT INTO runs (id, ord, tenant, session, agent, status, input, usage, metadata, \
+           state, principal, last_seq, created_at, updated_at) \
+         VALUES (?1, 1, ?2, 's', 'default', 'running', 'hi', '{}', '{}', 'null', \
+           '{\"tenant\":\"t\",\"subject\":\"u\"}', 3, '2026-11-01T00:00:00Z', \
+           '2026-11-01T00:00:00Z')",
+        [&run.id, &tenant],
+    )
+    .unwrap();
+    // Written out of order: v6 kept them ordered by its key alone.
+    for event in written.iter().rev() {
+        conn.execute(
+            "INSERT INTO events (run_id, seq, type, body, ts) \
+             VALUES (?1, ?2, ?3, ?4, '2026-11-01T00:00:00Z')",
+            rusqlite::params![
+                run.id,
+                event.seq as i64,
+                event.type_name(),
+                serde_json::to_string(event).unwrap()
+            ],
+        )
+        .unwrap();
+    }
+    drop(conn);
+
+    let store = SqliteStore::open(&path).unwrap();
+    let kept = store.events_after(&run.id, 0, 100).await.unwrap();
+    assert_eq!(
+        kept.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "kept, in order, after the migration"
+    );
+    let next = Commit {
+        events: vec![EventKind::MessageDelta {
+            text: "four".into(),
+        }],
+        ..Commit::default()
+    };
+    let published = store.commit(&run.id, next).await.unwrap();
+    assert_eq!(published[0].seq, 4);
+    let tail = store.events_after(&run.id, 2, 100).await.unwrap();
+    assert_eq!(tail.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4]);
+    drop(store);
+
+    // A run's sequence numbers stay unique.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let duplicate = conn.execute(
+        "INSERT INTO events (run_id, seq, type, body, ts) VALUES (?1, 4, 'x', '{}', 'now')",
+        [&run.id],
+    );
+    assert!(duplicate.is_err(), "a second event 4 was stored");
+}
+
+/// A database file at schema `version`, as a build of that version left it.
+fn database_at_version(path: &std::path::Path, version: usize) -> rusqlite::Connection {
+    const MIGRATIONS: [&str; 6] = [
+        include_str!("../migrations/sqlite/0001_init.sql"),
+        include_str!("../migrations/sqlite/0002_approvals.sql"),
+        include_str!("../migrations/sqlite/0003_leases.sql"),
+        include_str!("../migrations/sqlite/0004_channel_messages.sql"),
+        include_str!("../migrations/sqlite/0005_quotas.sql"),
+        include_str!("../migrations/sqlite/0006_message_ids.sql"),
+    ];
+    let conn = rusqlite::Connection::open(path).unwrap();
+    for sql in &MIGRATIONS[..version] {
+        conn.execute_batch(sql).unwrap();
+    }
+    conn.pragma_update(None, "user_version", version as i64)
+        .unwrap();
+    conn
 }
 
 /// A store in a temporary directory, with the database's path and one run.

@@ -17,6 +17,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0004_channel_messages.sql"),
     include_str!("../../migrations/sqlite/0005_quotas.sql"),
     include_str!("../../migrations/sqlite/0006_message_ids.sql"),
+    include_str!("../../migrations/sqlite/0007_events_appended.sql"),
 ];
 
 /// The schema version this build writes.
