@@ -34,21 +34,25 @@ impl EventBus {
             .subscribe()
     }
 
-    pub fn publish(&self, events: &[Event]) {
+    /// Sends a run's newly stored events to its followers. Taken by value:
+    /// each goes out as it is, with its JSON if the store made it, not as
+    /// a copy.
+    pub fn publish(&self, events: Vec<Event>) {
         let Some(first) = events.first() else {
             return;
         };
-        let mut map = self.lock();
+        let run_id = first.run_id.clone();
         let terminal = events.iter().any(Event::is_terminal);
-        if let Some(tx) = map.get(&first.run_id) {
+        let mut map = self.lock();
+        if let Some(tx) = map.get(&run_id) {
             for e in events {
                 // No receiver is fine: nobody is watching this run right now.
-                let _ = tx.send(Arc::new(e.clone()));
+                let _ = tx.send(Arc::new(e));
             }
         }
         if terminal {
             // Receivers still drain what was sent, then see the channel close.
-            map.remove(&first.run_id);
+            map.remove(&run_id);
         }
     }
 

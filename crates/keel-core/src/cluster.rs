@@ -368,13 +368,14 @@ impl Feed {
             };
             after = last.seq;
             let ended = batch.iter().any(Event::is_terminal);
-            shared.bus.publish(&batch);
+            let full = batch.len() >= PAGE as usize;
+            shared.bus.publish(batch);
             if ended {
                 self.seen.remove(run_id);
                 return;
             }
             self.seen.insert(run_id.to_owned(), after);
-            if batch.len() < PAGE as usize {
+            if !full {
                 return;
             }
         }

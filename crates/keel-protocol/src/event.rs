@@ -212,9 +212,52 @@ pub struct Event {
     pub ts: DateTime<Utc>,
     #[serde(flatten)]
     pub kind: EventKind,
+    /// The event as JSON, once written: see [`Event::json`].
+    #[serde(skip)]
+    encoded: Encoded,
+}
+
+/// An event's JSON text, kept once made. An event is not changed once
+/// numbered, so it is the same text whoever asks; it takes no part in
+/// comparing or printing events.
+#[derive(Clone, Default)]
+struct Encoded(std::sync::OnceLock<std::sync::Arc<str>>);
+
+impl PartialEq for Encoded {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Encoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("..")
+    }
 }
 
 impl Event {
+    pub fn new(run_id: impl Into<String>, seq: u64, ts: DateTime<Utc>, kind: EventKind) -> Self {
+        Self {
+            run_id: run_id.into(),
+            seq,
+            ts,
+            kind,
+            encoded: Encoded::default(),
+        }
+    }
+
+    /// The event as JSON. Made once: the store writes this text and the
+    /// event stream sends it, where each used to serialize the event anew.
+    /// An event built to differ from a stored one is a new [`Event::new`],
+    /// never a changed copy, whose text would be the original's.
+    pub fn json(&self) -> Result<&str, serde_json::Error> {
+        if let Some(text) = self.encoded.0.get() {
+            return Ok(text);
+        }
+        let text = serde_json::to_string(self)?;
+        Ok(self.encoded.0.get_or_init(|| text.into()))
+    }
+
     pub fn type_name(&self) -> &'static str {
         self.kind.type_name()
     }
@@ -433,15 +476,20 @@ mod tests {
 
     #[test]
     fn event_serializes_with_common_fields_and_type() {
-        let e = Event {
-            run_id: "run_1".into(),
-            seq: 3,
-            ts: chrono::Utc::now(),
-            kind: EventKind::Final {
+        let e = Event::new(
+            "run_1",
+            3,
+            chrono::Utc::now(),
+            EventKind::Final {
                 answer: "42".into(),
             },
-        };
+        );
         let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(e.json().unwrap()).unwrap(),
+            v,
+            "the kept text is the event's JSON"
+        );
         assert_eq!(v["type"], "final");
         assert_eq!(v["seq"], 3);
         assert_eq!(v["run_id"], "run_1");

@@ -18,11 +18,14 @@ pub fn stream(
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let events = keel_core::follow::follow(runtime, run_id, after);
     let frames = ReceiverStream::new(events).map(|e| {
-        let data = serde_json::to_string(&*e).unwrap_or_else(|_| "{}".into());
-        Ok(SseEvent::default()
+        let frame = SseEvent::default()
             .id(e.seq.to_string())
-            .event(e.type_name())
-            .data(data))
+            .event(e.type_name());
+        // The text the store wrote, when the event came from this node's commit.
+        Ok(match e.json() {
+            Ok(data) => frame.data(data),
+            Err(_) => frame.data("{}"),
+        })
     });
     Sse::new(frames).keep_alive(KeepAlive::new().interval(HEARTBEAT))
 }

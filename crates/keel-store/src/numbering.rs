@@ -19,12 +19,12 @@ pub(crate) fn number_events(
             seq = seq
                 .checked_add(1)
                 .ok_or_else(|| StoreError::Backend("event sequence overflow".into()))?;
-            Ok(Event {
-                run_id: run_id.to_owned(),
-                seq,
-                ts,
-                kind,
-            })
+            Ok(Event::new(run_id, seq, ts, kind))
         })
         .collect()
+}
+
+/// An event that would not serialize (it always does: its maps have text keys).
+pub(crate) fn event_encoding(e: serde_json::Error) -> StoreError {
+    StoreError::Backend(format!("serializing event: {e}"))
 }

@@ -523,7 +523,7 @@ impl RunActor {
         if let Some(state) = state {
             self.written_state = state;
         }
-        publish(&self.shared, &self.agent.config.id, &published);
+        publish(&self.shared, &self.agent.config.id, published);
         Ok(())
     }
 
@@ -552,7 +552,7 @@ impl RunActor {
         let agent_id = self.agent.config.id.clone();
         let write = async move {
             let published = shared.coord.commit(&run_id, commit).await?;
-            publish(&shared, &agent_id, &published);
+            publish(&shared, &agent_id, published);
             Ok(())
         };
         self.writing = Some(tokio::spawn(tracing::Instrument::in_current_span(write)));
@@ -702,7 +702,7 @@ impl RunActor {
             approvals: Vec::new(),
         };
         let published = self.write(commit).await?;
-        self.shared.bus.publish(&published);
+        self.shared.bus.publish(published);
         Ok(())
     }
 
@@ -740,9 +740,9 @@ impl RunActor {
 }
 
 /// Stored events go out: metrics, traces, then the run's followers.
-fn publish(shared: &Shared, agent_id: &str, published: &[keel_protocol::Event]) {
-    crate::telemetry::record(agent_id, published);
-    for e in published {
+fn publish(shared: &Shared, agent_id: &str, published: Vec<keel_protocol::Event>) {
+    crate::telemetry::record(agent_id, &published);
+    for e in &published {
         crate::otel::guard_event(&e.kind);
         if e.is_terminal() {
             crate::otel::record_end(&tracing::Span::current(), &e.kind);

@@ -688,12 +688,7 @@ mod tests {
             baseline: Usage::default(),
         };
         let base = base_response(&req, "default", &seg, &tools);
-        let ev = |seq, kind| Event {
-            run_id: "run_ab".into(),
-            seq,
-            ts: chrono::Utc::now(),
-            kind,
-        };
+        let ev = |seq, kind| Event::new("run_ab", seq, chrono::Utc::now(), kind);
         let ends = [
             End::Completed,
             End::Failed {

@@ -237,7 +237,12 @@ pub(super) async fn write_commit(
     for event in &events {
         seqs.push(to_i64(event.seq, "seq")?);
         types.push(event.type_name());
-        event_bodies.push(to_json(event, "event")?);
+        event_bodies.push(
+            event
+                .json()
+                .map_err(crate::numbering::event_encoding)?
+                .to_owned(),
+        );
     }
     let message_bodies = commit
         .messages

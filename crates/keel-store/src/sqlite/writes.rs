@@ -139,7 +139,7 @@ pub(super) fn commit(
                     run_id,
                     to_i64(event.seq, "seq")?,
                     event.type_name(),
-                    to_json(event, "event")?,
+                    event.json().map_err(crate::numbering::event_encoding)?,
                     ts_text,
                 ])
                 .map_err(db("inserting event"))?;

@@ -305,12 +305,7 @@ mod tests {
     use super::*;
 
     fn ev(seq: u64, kind: EventKind) -> Event {
-        Event {
-            run_id: "run_ab".into(),
-            seq,
-            ts: chrono::Utc::now(),
-            kind,
-        }
+        Event::new("run_ab", seq, chrono::Utc::now(), kind)
     }
 
     fn enc() -> Encoder {
