@@ -12,7 +12,13 @@ pub use keel_protocol::CLARIFY_TOOL;
 /// At most this many slots are asked for at once.
 pub const MAX_SLOTS_ASKED: usize = 2;
 
+/// The `clarify` tool as offered to the model, on every turn: built once.
 pub fn clarify_schema() -> ToolSchema {
+    static SCHEMA: std::sync::LazyLock<ToolSchema> = std::sync::LazyLock::new(build_schema);
+    SCHEMA.clone()
+}
+
+fn build_schema() -> ToolSchema {
     ToolSchema {
         name: CLARIFY_TOOL.into(),
         description: "Ask the user for required parameters of one specific tool that you must call \

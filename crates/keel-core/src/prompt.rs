@@ -37,7 +37,9 @@ pub fn char_len(req: &ModelRequest) -> usize {
         + req
             .tools
             .iter()
-            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+            .map(|t| {
+                t.name.len() + t.description.len() + keel_protocol::model::json_len(&t.parameters)
+            })
             .sum::<usize>()
 }
 

@@ -204,13 +204,34 @@ pub trait ModelClient: Send + Sync {
     ) -> Result<ModelResponse, ModelError>;
 }
 
+/// The length of `value` written as compact JSON, counted without building
+/// the text: estimates run on every model turn, over every tool schema.
+pub fn json_len(value: &Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing a `Value` fails only when the writer does, and this one never does.
+    match serde_json::to_writer(&mut counter, value) {
+        Ok(()) => counter.0,
+        Err(_) => value.to_string().len(),
+    }
+}
+
 /// A provider-neutral token estimate from the request's characters.
 pub fn estimate_tokens(request: &ModelRequest, chars_per_token: f64) -> u64 {
     let message_chars: usize = request.messages.iter().map(Message::char_len).sum();
     let tool_chars: usize = request
         .tools
         .iter()
-        .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+        .map(|t| t.name.len() + t.description.len() + json_len(&t.parameters))
         .sum();
     let framing = 4 * (request.messages.len() + request.tools.len()) as u64;
     let per = if chars_per_token.is_finite() && chars_per_token >= 1.0 {
@@ -219,4 +240,22 @@ pub fn estimate_tokens(request: &ModelRequest, chars_per_token: f64) -> u64 {
         1.0
     };
     ((message_chars + tool_chars) as f64 / per).ceil() as u64 + framing
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_len;
+    use serde_json::json;
+
+    #[test]
+    fn json_len_is_the_length_of_the_compact_text() {
+        for value in [
+            json!(null),
+            json!("quote \" backslash \\ newline \n tab \t control \u{1} é 漢"),
+            json!({"type": "object", "properties": {"key": {"type": "string"}}, "n": [1, 2.5, -3e300]}),
+            json!([]),
+        ] {
+            assert_eq!(json_len(&value), value.to_string().len(), "{value}");
+        }
+    }
 }
