@@ -182,9 +182,9 @@ impl CallRecord {
 
 /// One run's call history. Belongs to a single run (a follow-up or a new
 /// run starts from an empty one), and is persisted with it, so detection
-/// survives a restart.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+/// survives a restart. Its JSON form is `{records, recorded, executed,
+/// outcomes}` (see [`persisted`]).
+#[derive(Debug, Clone, Default)]
 pub struct CallHistory {
     /// The last [`HISTORY_WINDOW`] records, oldest first.
     records: Vec<CallRecord>,
@@ -194,6 +194,18 @@ pub struct CallHistory {
     executed: u32,
     /// Runs per `"<outcome> <tool>"`, for the identical-outcomes breaker.
     outcomes: BTreeMap<String, u32>,
+    /// The JSON of each record in `records`, made when it was recorded.
+    encoded: persisted::EncodedRecords,
+}
+
+impl PartialEq for CallHistory {
+    /// The encoded records are a copy of `records`, so they take no part.
+    fn eq(&self, other: &Self) -> bool {
+        self.records == other.records
+            && self.recorded == other.recorded
+            && self.executed == other.executed
+            && self.outcomes == other.outcomes
+    }
 }
 
 /// Stable fingerprint of a call: the tool and its arguments in canonical
@@ -344,10 +356,12 @@ impl CallHistory {
                 }
             }
         }
+        self.encoded.push(&self.records, &rec);
         self.records.push(rec);
         if self.records.len() > HISTORY_WINDOW {
             let excess = self.records.len() - HISTORY_WINDOW;
             self.records.drain(..excess);
+            self.encoded.drop_oldest(excess);
         }
     }
 
@@ -772,5 +786,6 @@ fn write_string(s: &str, out: &mut String) {
     out.push('"');
 }
 
+mod persisted;
 #[cfg(test)]
 mod tests;

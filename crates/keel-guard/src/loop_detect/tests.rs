@@ -713,6 +713,37 @@ fn window_is_capped_but_breaker_counts_everything() {
 }
 
 #[test]
+fn the_stored_history_is_its_records_as_they_serialize() {
+    // Records encoded when recorded, across the window's cut and a
+    // restore, read back as the records themselves.
+    let mut h = CallHistory::default();
+    for i in 0..(HISTORY_WINDOW + 3) {
+        let mut step = ok("t", json!({"i": i}), format!("{i}"));
+        if i % 3 == 0 {
+            step.kind = Outcome::UnknownTool;
+            step.poll = true;
+        }
+        h.record(record_of(&step));
+    }
+    let stored: Value = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+    assert_eq!(
+        stored["records"],
+        serde_json::to_value(h.records()).unwrap()
+    );
+    assert_eq!(stored["recorded"], HISTORY_WINDOW + 3);
+    assert_eq!(serde_json::to_value(&h).unwrap(), stored);
+    let mut restored: CallHistory = serde_json::from_value(stored).unwrap();
+    assert_eq!(restored, h);
+    restored.record(record_of(&ok("u", json!({}), "done")));
+    let again: Value = serde_json::to_value(&restored).unwrap();
+    assert_eq!(
+        again["records"],
+        serde_json::to_value(restored.records()).unwrap()
+    );
+    assert_eq!(again["records"][HISTORY_WINDOW - 1]["tool"], "u");
+}
+
+#[test]
 fn breaker_wins_over_other_criticals() {
     let s = LoopDetection {
         max_tool_calls_breaker: 4,
