@@ -38,17 +38,23 @@ impl RunActor {
         &mut self,
         tools: Vec<ToolSchema>,
     ) -> Result<ModelRequest, Exit> {
-        let mut request = self.request_from_view(tools.clone(), None);
-        let cfg = self.agent.config.compaction.clone();
+        let mut request = self.request_from_view(tools, None);
+        let compaction = &self.agent.config.compaction;
         let window = self.context_window();
         let before = self.agent.model.estimate_tokens(&request);
-        if cfg.enabled
-            && before as f64 > window as f64 * cfg.threshold
-            && Box::pin(self.compact(before, &tools)).await?
-        {
-            request = self.request_from_view(tools, None);
+        let mut estimate = before;
+        if compaction.enabled && before as f64 > window as f64 * compaction.threshold {
+            // The tools are taken back rather than copied up front: most
+            // steps never compact, and each copy is every schema, deep.
+            let tools = std::mem::take(&mut request.tools);
+            if Box::pin(self.compact(before, &tools)).await? {
+                request = self.request_from_view(tools, None);
+                estimate = self.agent.model.estimate_tokens(&request);
+            } else {
+                request.tools = tools;
+            }
         }
-        self.fit_window(&mut request);
+        self.fit_estimated(&mut request, estimate);
         Ok(request)
     }
 
@@ -58,7 +64,7 @@ impl RunActor {
         note: Option<&str>,
     ) -> ModelRequest {
         let messages = self.state.course.view.render(&self.history);
-        let mut request = prompt::build(&self.system_prompt, &messages, tools, note);
+        let mut request = prompt::build(&self.system_prompt, messages, tools, note);
         request.cache = self.wire_cache.clone();
         request
     }
@@ -66,9 +72,15 @@ impl RunActor {
     /// The last line of defence: shrink old tool results until the prompt
     /// fits the window.
     pub(super) fn fit_window(&self, request: &mut ModelRequest) {
+        let est = self.agent.model.estimate_tokens(request);
+        self.fit_estimated(request, est);
+    }
+
+    /// [`Self::fit_window`] for a request whose estimate is known: an
+    /// estimate measures every message and schema, so a step makes it once.
+    fn fit_estimated(&self, request: &mut ModelRequest, est: u64) {
         let window = self.context_window();
         let hard = (window as f64 * HARD_SHARE) as u64;
-        let est = self.agent.model.estimate_tokens(request);
         if est <= hard {
             return;
         }
@@ -89,7 +101,12 @@ impl RunActor {
             let Some(cut) = compaction_cut(&rendered, keep) else {
                 break None;
             };
-            let tail = prompt::build(&self.system_prompt, &rendered[cut..], tools.to_vec(), None);
+            let tail = prompt::build(
+                &self.system_prompt,
+                rendered[cut..].iter().cloned(),
+                tools.to_vec(),
+                None,
+            );
             if self.agent.model.estimate_tokens(&tail) <= budget || keep <= 1 || cut >= floor {
                 break Some(cut);
             }
