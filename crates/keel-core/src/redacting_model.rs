@@ -13,7 +13,8 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use keel_protocol::{
-    Message, ModelClient, ModelError, ModelRequest, ModelResponse, Redactor, ToolCall,
+    Message, ModelClient, ModelError, ModelRequest, ModelResponse, Redactor, RequestGate, ToolCall,
+    Ungated,
 };
 
 pub(crate) struct RedactingModel {
@@ -96,6 +97,15 @@ impl ModelClient for RedactingModel {
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
     ) -> Result<ModelResponse, ModelError> {
+        self.complete_gated(request, deltas, &Ungated).await
+    }
+
+    async fn complete_gated(
+        &self,
+        request: &ModelRequest,
+        deltas: Option<UnboundedSender<String>>,
+        gate: &dyn RequestGate,
+    ) -> Result<ModelResponse, ModelError> {
         let cleaned = self.clean_request(request);
         if cleaned.is_some() {
             tracing::warn!(
@@ -105,14 +115,14 @@ impl ModelClient for RedactingModel {
         }
         let request = cleaned.as_ref().unwrap_or(request);
         let result = match deltas {
-            None => self.inner.complete(request, None).await,
+            None => self.inner.complete_gated(request, None, gate).await,
             Some(out) => {
                 // The inner model streams into `raw`; what reaches `out` is
                 // redacted, with a possible start of a secret held back
                 // until the next delta (or the end) shows what it is.
                 let (raw_tx, mut raw) = unbounded::<String>();
                 let mut stream = self.redactor.stream();
-                let call = self.inner.complete(request, Some(raw_tx));
+                let call = self.inner.complete_gated(request, Some(raw_tx), gate);
                 tokio::pin!(call);
                 let result = loop {
                     tokio::select! {
@@ -223,6 +233,10 @@ fn redact_error(r: &Redactor, e: ModelError) -> ModelError {
         ModelError::Protocol(m) => ModelError::Protocol(clean(m)),
         ModelError::RetriesExhausted { attempts, last } => ModelError::RetriesExhausted {
             attempts,
+            last: Box::new(redact_error(r, *last)),
+        },
+        ModelError::NotAllowed { requests, last } => ModelError::NotAllowed {
+            requests,
             last: Box::new(redact_error(r, *last)),
         },
         ModelError::Timeout => ModelError::Timeout,

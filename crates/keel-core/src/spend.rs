@@ -4,9 +4,12 @@
 //! and settles to its real cost after; so nodes sharing the store never
 //! together pass a limit, whatever they do at the same moment.
 
+use std::sync::Arc;
+
 use keel_config::AgentConfig;
 use keel_protocol::{
-    Budget, ModelRequest, QuotaKey, QuotaLimit, Store, StoreError, TokenUsage, usd_to_micros,
+    Budget, ModelRequest, PreviousCost, QuotaKey, QuotaLimit, RequestGate, Store, StoreError,
+    TokenUsage, usd_to_micros,
 };
 
 use crate::agent::AgentRuntime;
@@ -20,11 +23,21 @@ pub(crate) const DEFAULT_OUTPUT_CAP: u32 = 4096;
 /// call markers of the chat template), generously.
 const FRAMING_TOKENS: u64 = 16;
 
-/// What one model call holds against its counters until it settles.
+/// What one model call holds against its counters until it settles: the
+/// worst case of each request it sent (a client may send more than one:
+/// retries, repairs).
 #[derive(Debug)]
 pub(crate) struct Reservation {
     keys: Vec<QuotaKey>,
+    /// Each counter's limit, in the order of `keys`.
+    limits: Vec<u64>,
+    /// The worst case of one request.
     micros: u64,
+    /// Requests reserved, `micros` each.
+    requests: u64,
+    /// Of those, requests that failed in a way that may have been billed,
+    /// with no token counts to show for it: they stay reserved whole.
+    unreported: u64,
 }
 
 /// Why a model call may not be made.
@@ -89,18 +102,123 @@ pub(crate) async fn reserve(
     if micros == 0 {
         return Ok(Ok(None));
     }
-    let mut keys = Vec::with_capacity(counters.len());
-    for (key, limit) in counters {
-        if store.quota_take(&key, micros, limit).await?.is_none() {
-            for taken in &keys {
+    let limits: Vec<u64> = counters.iter().map(|(_, limit)| *limit).collect();
+    let keys: Vec<QuotaKey> = counters.into_iter().map(|(key, _)| key).collect();
+    if let Err(which) = take_all(store, tenant, &keys, &limits, micros).await? {
+        return Ok(Err(Refusal::Limit(which)));
+    }
+    Ok(Ok(Some(Reservation {
+        keys,
+        limits,
+        micros,
+        requests: 1,
+        unreported: 0,
+    })))
+}
+
+/// Takes `micros` from every counter within its limit, all or none.
+async fn take_all(
+    store: &dyn Store,
+    tenant: &str,
+    keys: &[QuotaKey],
+    limits: &[u64],
+    micros: u64,
+) -> Result<Result<(), Budget>, StoreError> {
+    for (i, (key, limit)) in keys.iter().zip(limits).enumerate() {
+        if store.quota_take(key, micros, *limit).await?.is_none() {
+            for taken in &keys[..i] {
                 store.quota_give_back(taken, micros).await?;
             }
             record_rejection(tenant, key.limit);
-            return Ok(Err(Refusal::Limit(Budget::Quota(key.limit))));
+            return Ok(Err(Budget::Quota(key.limit)));
         }
-        keys.push(key);
     }
-    Ok(Ok(Some(Reservation { keys, micros })))
+    Ok(Ok(()))
+}
+
+/// The [`RequestGate`] of one model call under spend limits: each further
+/// request the client would send (a retry, a repair) is reserved like the
+/// first, or refused when its worst case no longer fits. A request the
+/// provider refused unprocessed (rate limited) hands its reservation on.
+pub(crate) struct SpendGate {
+    store: Arc<dyn Store>,
+    tenant: String,
+    state: tokio::sync::Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    reservation: Option<Reservation>,
+    refused: Option<Result<Budget, StoreError>>,
+}
+
+impl SpendGate {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        tenant: &str,
+        reservation: Option<Reservation>,
+    ) -> Self {
+        Self {
+            store,
+            tenant: tenant.to_owned(),
+            state: tokio::sync::Mutex::new(GateState {
+                reservation,
+                refused: None,
+            }),
+        }
+    }
+
+    /// Why a further request was refused, if one was: the limit it would
+    /// have passed, or the store's failure to say.
+    pub(crate) async fn refusal(&self) -> Option<Result<Budget, StoreError>> {
+        self.state.lock().await.refused.take()
+    }
+
+    /// What the call holds, to settle once it answered.
+    pub(crate) async fn take_reservation(&self) -> Option<Reservation> {
+        self.state.lock().await.reservation.take()
+    }
+}
+
+#[async_trait::async_trait]
+impl RequestGate for SpendGate {
+    async fn another_request(&self, previous: PreviousCost) -> bool {
+        let mut state = self.state.lock().await;
+        let GateState {
+            reservation,
+            refused,
+        } = &mut *state;
+        let Some(r) = reservation else {
+            return true;
+        };
+        match previous {
+            PreviousCost::Nothing => return true,
+            PreviousCost::Unknown => r.unreported += 1,
+            PreviousCost::Reported => {}
+        }
+        match take_all(
+            self.store.as_ref(),
+            &self.tenant,
+            &r.keys,
+            &r.limits,
+            r.micros,
+        )
+        .await
+        {
+            Ok(Ok(())) => {
+                r.requests += 1;
+                true
+            }
+            Ok(Err(which)) => {
+                *refused = Some(Ok(which));
+                false
+            }
+            Err(e) => {
+                *refused = Some(Err(e));
+                false
+            }
+        }
+    }
 }
 
 /// After a model call that answered: its cost replaces what was reserved
@@ -117,8 +235,10 @@ pub(crate) async fn settle(
         return Ok(());
     };
     let counted = usage.prompt_tokens > 0 || usage.completion_tokens > 0;
+    // The requests that answered are in `usage`; one without counts is
+    // charged its worst case, since nothing shows it cost less.
     let actual = match &reservation {
-        Some(r) if !counted => r.micros,
+        Some(r) if !counted => r.micros.saturating_mul(r.requests - r.unreported),
         _ => price.cost_micros(usage.prompt_tokens, usage.completion_tokens),
     };
     metrics::counter!(
@@ -131,13 +251,16 @@ pub(crate) async fn settle(
     let Some(r) = reservation else {
         return Ok(());
     };
+    // Requests that may have been billed without counts stay reserved.
+    let kept = actual.saturating_add(r.micros.saturating_mul(r.unreported));
+    let reserved = r.micros.saturating_mul(r.requests);
     for key in &r.keys {
-        if actual <= r.micros {
-            store.quota_give_back(key, r.micros - actual).await?;
+        if kept <= reserved {
+            store.quota_give_back(key, reserved - kept).await?;
         } else {
             // Spent is spent: a reply that cost more than its bound is
             // counted whole, and the next call finds less left.
-            store.quota_take(key, actual - r.micros, u64::MAX).await?;
+            store.quota_take(key, kept - reserved, u64::MAX).await?;
         }
     }
     Ok(())

@@ -22,8 +22,8 @@ pub use event::{
 };
 pub use message::{Message, ToolCall};
 pub use model::{
-    CLARIFY_TOOL, ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolSchema,
-    Understanding, WireCache,
+    CLARIFY_TOOL, ModelClient, ModelError, ModelRequest, ModelResponse, PreviousCost, RequestGate,
+    TokenUsage, ToolSchema, Understanding, Ungated, WireCache,
 };
 pub use principal::Principal;
 pub use quota::{MICROS_PER_USD, QuotaKey, QuotaLimit, usd_to_micros};

@@ -157,6 +157,13 @@ pub enum ModelError {
         attempts: u32,
         last: Box<ModelError>,
     },
+    /// The caller's [`RequestGate`] allowed no further request (a spend
+    /// limit would be passed), so the failure was not retried or repaired.
+    #[error("no further request allowed after {requests}; last error: {last}")]
+    NotAllowed {
+        requests: u32,
+        last: Box<ModelError>,
+    },
 }
 
 impl ModelError {
@@ -165,8 +172,55 @@ impl ModelError {
         match self {
             Self::RateLimited { .. } | Self::Timeout | Self::Connect(_) => true,
             Self::Http { status, .. } => *status >= 500 || *status == 408,
-            Self::Protocol(_) | Self::RetriesExhausted { .. } => false,
+            Self::Protocol(_) | Self::RetriesExhausted { .. } | Self::NotAllowed { .. } => false,
         }
+    }
+}
+
+/// What the request before another one may have cost: asked of a
+/// [`RequestGate`], which holds the budget of one request at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreviousCost {
+    /// Nothing: the provider refused it before doing any work (rate
+    /// limited).
+    Nothing,
+    /// Unknown: it may have been processed and billed, and no token counts
+    /// came back (a timeout, a server error, a connection that broke: a
+    /// transport error does not tell whether the request got through).
+    Unknown,
+    /// Its reply came back, and its token counts are part of the usage the
+    /// call finally reports (a reply the client had to ask again for).
+    Reported,
+}
+
+impl PreviousCost {
+    /// What a failed request may have cost, by how it failed.
+    pub fn of_failure(error: &ModelError) -> Self {
+        match error {
+            ModelError::RateLimited { .. } => Self::Nothing,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// Asked by a model client before it sends one more request within one
+/// call: a retry after a failure, or a repair of an unreadable reply. A
+/// caller that reserved the cost of one request (docs/spend.md) reserves
+/// the next here, or refuses it.
+#[async_trait::async_trait]
+pub trait RequestGate: Send + Sync {
+    /// Whether another request may be sent after one that cost `previous`.
+    async fn another_request(&self, previous: PreviousCost) -> bool;
+}
+
+/// The gate of a caller with no budget to keep: every request may go.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ungated;
+
+#[async_trait::async_trait]
+impl RequestGate for Ungated {
+    async fn another_request(&self, _previous: PreviousCost) -> bool {
+        true
     }
 }
 
@@ -202,6 +256,20 @@ pub trait ModelClient: Send + Sync {
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
     ) -> Result<ModelResponse, ModelError>;
+
+    /// [`complete`](Self::complete), asking `gate` before every request
+    /// after the first. This default sends exactly one request, so it
+    /// needs no gate; a client that retries or repairs, and a wrapper of
+    /// another client, must override it and pass the gate on.
+    async fn complete_gated(
+        &self,
+        request: &ModelRequest,
+        deltas: Option<UnboundedSender<String>>,
+        gate: &dyn RequestGate,
+    ) -> Result<ModelResponse, ModelError> {
+        let _ = gate;
+        self.complete(request, deltas).await
+    }
 }
 
 /// The length of `value` written as compact JSON, counted without building

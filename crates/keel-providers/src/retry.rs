@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
 
-use keel_protocol::{ModelError, ModelResponse};
+use keel_protocol::{ModelError, ModelResponse, PreviousCost, RequestGate};
 
 /// Longest pause between two attempts that backoff alone may cause.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -56,10 +56,12 @@ pub(crate) struct Failed {
 /// Runs `attempt` until it succeeds, fails for good, or the retries run out.
 /// Retryable failures wait for the provider's `Retry-After` when it gave one,
 /// else for exponential backoff. `api` names the wire format in logs.
+/// `gate` is asked before each retry, and may refuse it.
 pub(crate) async fn with_retries<F, Fut>(
     api: &'static str,
     model: &str,
     policy: RetryPolicy,
+    gate: &dyn RequestGate,
     mut attempt: F,
 ) -> Result<ModelResponse, ModelError>
 where
@@ -99,6 +101,13 @@ where
             tracing::warn!(api, model, attempts = retries + 1, %error, "model call retries exhausted");
             return Err(ModelError::RetriesExhausted {
                 attempts: retries + 1,
+                last: Box::new(error),
+            });
+        }
+        if !gate.another_request(PreviousCost::of_failure(&error)).await {
+            tracing::warn!(api, model, attempts = retries + 1, %error, "model call not retried: the caller allowed no further request");
+            return Err(ModelError::NotAllowed {
+                requests: retries + 1,
                 last: Box::new(error),
             });
         }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use keel_protocol::{
-    Message, ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall, ToolSchema,
+    Message, ModelClient, ModelError, ModelRequest, ModelResponse, PreviousCost, RequestGate,
+    TokenUsage, ToolCall, ToolSchema,
 };
 use keel_providers::anthropic::{AnthropicClient, AnthropicSettings};
 use keel_providers::json_mode::{CLARIFY_TOOL, JsonToolMode};
@@ -183,6 +184,39 @@ async fn invalid_reply_is_repaired_and_usage_is_summed() {
     let feedback = messages[3]["content"].as_str().unwrap();
     assert!(feedback.contains("no JSON object"), "{feedback}");
     assert!(fake.violations().is_empty());
+}
+
+/// Allows no further request, and notes what it was asked.
+#[derive(Default)]
+struct ClosedGate(std::sync::Mutex<Vec<PreviousCost>>);
+
+#[async_trait::async_trait]
+impl RequestGate for ClosedGate {
+    async fn another_request(&self, previous: PreviousCost) -> bool {
+        self.0.lock().unwrap().push(previous);
+        false
+    }
+}
+
+#[tokio::test]
+async fn a_repair_is_a_request_the_gate_may_refuse() {
+    let fake = FakeOpenAi::start(Script::queue(vec![
+        Reply::text("just prose").with_usage(100, 10),
+        Reply::text(r#"{"action":"RESPOND","answer":"never asked for"}"#),
+    ]))
+    .await;
+    let client = json_mode(&fake);
+    let gate = ClosedGate::default();
+    let result = client.complete_gated(&with_tools("hi"), None, &gate).await;
+    match result {
+        Err(ModelError::NotAllowed { requests: 1, last }) => {
+            assert!(matches!(*last, ModelError::Protocol(_)), "{last:?}")
+        }
+        other => panic!("expected NotAllowed after one reply, got {other:?}"),
+    }
+    assert_eq!(fake.request_count(), 1);
+    // The refused repair followed a reply whose tokens were reported.
+    assert_eq!(*gate.0.lock().unwrap(), vec![PreviousCost::Reported]);
 }
 
 #[tokio::test]

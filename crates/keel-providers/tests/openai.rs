@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use keel_protocol::{
-    Message, ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall, ToolSchema,
+    Message, ModelClient, ModelError, ModelRequest, ModelResponse, PreviousCost, RequestGate,
+    TokenUsage, ToolCall, ToolSchema,
 };
 use keel_providers::openai::{OpenAiClient, OpenAiSettings};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
@@ -309,6 +310,65 @@ async fn server_errors_exhaust_the_retries() {
         other => panic!("expected RetriesExhausted, got {other:?}"),
     }
     assert_eq!(fake.request_count(), 3);
+}
+
+/// Lets `allow` further requests through, and notes what each one after
+/// was said to have cost.
+struct CountingGate {
+    allow: std::sync::atomic::AtomicU32,
+    asked: std::sync::Mutex<Vec<PreviousCost>>,
+}
+
+impl CountingGate {
+    fn new(allow: u32) -> Self {
+        Self {
+            allow: allow.into(),
+            asked: Default::default(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl RequestGate for CountingGate {
+    async fn another_request(&self, previous: PreviousCost) -> bool {
+        use std::sync::atomic::Ordering;
+        self.asked.lock().unwrap().push(previous);
+        self.allow
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+#[tokio::test]
+async fn every_retry_is_asked_of_the_gate_which_may_refuse_it() {
+    let error = json!({"error":{"message":"The server had an error","type":"server_error"}});
+    let fake = FakeOpenAi::start(Script::queue(vec![
+        Reply::status(
+            429,
+            json!({"error":{"message":"Rate limit reached","type":"requests"}}),
+        ),
+        Reply::status(500, &error),
+        Reply::text("never reached"),
+    ]))
+    .await;
+    let client = client(&fake, false);
+    let gate = CountingGate::new(1);
+    let result = client.complete_gated(&ask("hi"), None, &gate).await;
+    match result {
+        Err(ModelError::NotAllowed { requests: 2, last }) => {
+            assert!(
+                matches!(*last, ModelError::Http { status: 500, .. }),
+                "{last:?}"
+            )
+        }
+        other => panic!("expected NotAllowed after 2 requests, got {other:?}"),
+    }
+    assert_eq!(fake.request_count(), 2);
+    // A 429 did no work; a 500 may have.
+    assert_eq!(
+        *gate.asked.lock().unwrap(),
+        vec![PreviousCost::Nothing, PreviousCost::Unknown]
+    );
 }
 
 #[tokio::test]

@@ -151,6 +151,70 @@ async fn a_reply_billed_beyond_its_bound_counts_whole_and_the_next_run_gets_429(
     assert_eq!(model.request_count(), 1);
 }
 
+/// Output priced so that a call's worst case (200 output tokens) is about
+/// 200,000 micro-USD and dwarfs its prompt: under a limit of 300,000 one
+/// request fits, two do not.
+const DEAR_OUTPUT: &str = "price = { input_usd_per_mtok = 1.0, output_usd_per_mtok = 1000.0 }\n\
+                           max_output_tokens = 200\n";
+const ROOM_FOR_ONE: &str = "[[tenants]]\nid = \"acme\"\nspend_usd_per_day = 0.3\n";
+
+/// How many requests offered the model tools: the agent's turns.
+fn turns(model: &FakeOpenAi) -> usize {
+    model
+        .requests()
+        .iter()
+        .filter(|r| r["tools"].as_array().is_some_and(|t| !t.is_empty()))
+        .count()
+}
+
+#[tokio::test]
+async fn a_retry_that_could_pass_the_limit_is_not_sent() {
+    // The provider fails the first request in a way that may have billed
+    // it; a retry would be a second worst case, which does not fit.
+    let model = FakeOpenAi::start(vec![
+        Reply::status(500, json!({"error": {"message": "overloaded"}})),
+        Reply::text("All done.").with_usage(1_000, 100),
+    ])
+    .await;
+    let tools = ToolServer::start().await;
+    let keel = Keel::start(&env(&model, &tools, DEAR_OUTPUT, ROOM_FOR_ONE)).await;
+    let id = keel.start_run("hello", Some(KEY_ACME)).await;
+    keel.wait_status(&id, "completed", Some(KEY_ACME)).await;
+    let (reason, feedback) = ending(&keel, &id, Some(KEY_ACME)).await;
+    assert_eq!(reason, "budget_exhausted");
+    assert_eq!(feedback, vec!["spend_usd_per_day reached".to_owned()]);
+    // Neither the retry nor the closing call was sent: the failed request
+    // stays reserved whole, since the provider may have billed it.
+    assert_eq!(model.request_count(), 1);
+    assert_eq!(metered(&keel, "acme").await, 0);
+}
+
+#[tokio::test]
+async fn a_rate_limited_request_hands_its_reservation_to_the_retry() {
+    // A 429 is refused before any work, so it cost nothing: the retry
+    // goes out under the same reservation, though two would not fit.
+    let model = FakeOpenAi::start(vec![
+        Reply::status(429, json!({"error": {"message": "slow down"}}))
+            .with_header("retry-after", "0"),
+        Reply::text("All done.").with_usage(1_000, 100),
+    ])
+    .await;
+    let tools = ToolServer::start().await;
+    let keel = Keel::start(&env(&model, &tools, DEAR_OUTPUT, ROOM_FOR_ONE)).await;
+    let id = keel.start_run("hello", Some(KEY_ACME)).await;
+    let run = keel.wait_status(&id, "completed", Some(KEY_ACME)).await;
+    assert_eq!(run["output"], "All done.", "{run}");
+    assert_eq!(turns(&model), 2);
+    // 1,000 prompt tokens at $1 and 100 completion tokens at $1,000 per million.
+    assert_eq!(metered(&keel, "acme").await, 101_000);
+    // What is left (199,000) is less than a call's worst case.
+    let next = keel.start_run("hello", Some(KEY_ACME)).await;
+    keel.wait_status(&next, "completed", Some(KEY_ACME)).await;
+    let (reason, _) = ending(&keel, &next, Some(KEY_ACME)).await;
+    assert_eq!(reason, "budget_exhausted");
+    assert_eq!(model.request_count(), 2);
+}
+
 #[tokio::test]
 async fn a_model_without_a_price_is_never_called_under_a_spend_limit() {
     let (model, _tools, keel) =

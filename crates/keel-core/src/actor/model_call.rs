@@ -80,11 +80,22 @@ impl RunActor {
                 )));
             }
         };
+        // Retries and repairs inside the call are reserved by this gate.
+        let gate = std::sync::Arc::new(crate::spend::SpendGate::new(
+            self.shared.store.clone(),
+            &self.principal.tenant,
+            reservation,
+        ));
         let (tx, mut rx) = futures::channel::mpsc::unbounded::<String>();
         let model = self.agent.model.clone();
         let span = crate::otel::chat(model.model_name(), &self.run_id);
+        let call_gate = gate.clone();
         let call = tracing::Instrument::instrument(
-            async move { model.complete(&request, stream.then_some(tx)).await },
+            async move {
+                model
+                    .complete_gated(&request, stream.then_some(tx), call_gate.as_ref())
+                    .await
+            },
             span.clone(),
         );
         tokio::pin!(call);
@@ -119,11 +130,23 @@ impl RunActor {
         let elapsed = started.elapsed();
         metrics::histogram!("keel_llm_latency_seconds").record(elapsed.as_secs_f64());
         self.usage.llm_calls += 1;
+        if result.is_err()
+            && let Some(refusal) = gate.refusal().await
+        {
+            // A retry or repair would have passed a spend limit: the run
+            // ends as at any limit, not as a provider failure.
+            crate::otel::record_error(&span, "budget_exhausted");
+            return Err(match refusal {
+                Ok(which) => Exit::Budget(which),
+                Err(e) => Exit::Store(e),
+            });
+        }
         let mut response = result.map_err(|e| {
             crate::otel::record_error(&span, "provider_error");
             Exit::Failed(ErrorBody::new("provider_error", e.to_string()))
         })?;
         crate::otel::record_chat(&span, &response);
+        let reservation = gate.take_reservation().await;
         crate::spend::settle(
             self.shared.store.as_ref(),
             &self.principal.tenant,

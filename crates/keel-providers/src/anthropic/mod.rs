@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use futures::channel::mpsc::UnboundedSender;
-use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse};
+use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse, RequestGate, Ungated};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 
 use crate::http::{MAX_ERROR_BODY, MAX_REPLY_BYTES, read_body, transport_error};
@@ -198,6 +198,15 @@ impl ModelClient for AnthropicClient {
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
     ) -> Result<ModelResponse, ModelError> {
+        self.complete_gated(request, deltas, &Ungated).await
+    }
+
+    async fn complete_gated(
+        &self,
+        request: &ModelRequest,
+        deltas: Option<UnboundedSender<String>>,
+        gate: &dyn RequestGate,
+    ) -> Result<ModelResponse, ModelError> {
         let body = wire::request_body(
             &self.settings.model,
             request,
@@ -224,6 +233,7 @@ impl ModelClient for AnthropicClient {
             "anthropic_messages",
             &self.settings.model,
             policy,
+            gate,
             move || async move {
                 let mut forwarded = false;
                 self.attempt(body, deltas, &mut forwarded)

@@ -9,7 +9,10 @@ mod prompt;
 use std::sync::Arc;
 
 use futures::channel::mpsc::UnboundedSender;
-use keel_protocol::{Message, ModelClient, ModelError, ModelRequest, ModelResponse, ToolCall};
+use keel_protocol::{
+    Message, ModelClient, ModelError, ModelRequest, ModelResponse, PreviousCost, RequestGate,
+    ToolCall, Ungated,
+};
 use serde_json::{Value, json};
 
 use action::Action;
@@ -71,13 +74,24 @@ impl ModelClient for JsonToolMode {
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
     ) -> Result<ModelResponse, ModelError> {
+        self.complete_gated(request, deltas, &Ungated).await
+    }
+
+    /// Each repair turn is one more request: `gate` is asked before it, as
+    /// the inner model asks before its own retries.
+    async fn complete_gated(
+        &self,
+        request: &ModelRequest,
+        deltas: Option<UnboundedSender<String>>,
+        gate: &dyn RequestGate,
+    ) -> Result<ModelResponse, ModelError> {
         if request.tools.is_empty() {
             let has_tool_use = request.messages.iter().any(|m| {
                 matches!(m, Message::Tool { .. })
                     || matches!(m, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty())
             });
             if !has_tool_use {
-                return self.inner.complete(request, deltas).await;
+                return self.inner.complete_gated(request, deltas, gate).await;
             }
             let rendered = ModelRequest {
                 cache: request.cache.clone(),
@@ -85,7 +99,7 @@ impl ModelClient for JsonToolMode {
                 tools: Vec::new(),
                 max_output_tokens: request.max_output_tokens,
             };
-            return self.inner.complete(&rendered, deltas).await;
+            return self.inner.complete_gated(&rendered, deltas, gate).await;
         }
 
         let protocol = prompt::protocol(&request.tools);
@@ -99,7 +113,10 @@ impl ModelClient for JsonToolMode {
         let mut repairs = 0u32;
         loop {
             // The raw JSON is never streamed: users would see the protocol.
-            let response = self.inner.complete(&inner_request, None).await?;
+            let response = self
+                .inner
+                .complete_gated(&inner_request, None, gate)
+                .await?;
             usage.prompt_tokens = usage
                 .prompt_tokens
                 .saturating_add(response.usage.prompt_tokens);
@@ -129,6 +146,13 @@ impl ModelClient for JsonToolMode {
                     "model gave no valid JSON action in {} replies; last problem: {problem}",
                     repairs + 1
                 )));
+            }
+            if !gate.another_request(PreviousCost::Reported).await {
+                tracing::warn!(model = %self.inner.model_name(), attempts = repairs + 1, %problem, "json-mode reply invalid; no repair allowed");
+                return Err(ModelError::NotAllowed {
+                    requests: repairs + 1,
+                    last: Box::new(ModelError::Protocol(problem)),
+                });
             }
             repairs += 1;
             tracing::debug!(model = %self.inner.model_name(), repair = repairs, %problem, "json-mode reply invalid; asking again");

@@ -8,7 +8,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use futures::channel::mpsc::UnboundedSender;
-use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse};
+use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse, RequestGate, Ungated};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 
 use crate::http::{MAX_ERROR_BODY, MAX_REPLY_BYTES, read_body, transport_error};
@@ -181,6 +181,15 @@ impl ModelClient for OpenAiClient {
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
     ) -> Result<ModelResponse, ModelError> {
+        self.complete_gated(request, deltas, &Ungated).await
+    }
+
+    async fn complete_gated(
+        &self,
+        request: &ModelRequest,
+        deltas: Option<UnboundedSender<String>>,
+        gate: &dyn RequestGate,
+    ) -> Result<ModelResponse, ModelError> {
         let body = wire::request_body(&self.settings.model, request, self.settings.stream)
             .map_err(|e| ModelError::Protocol(format!("cannot encode request: {e}")))?;
         tracing::debug!(
@@ -202,6 +211,7 @@ impl ModelClient for OpenAiClient {
             "chat_completions",
             &self.settings.model,
             policy,
+            gate,
             move || async move {
                 let mut forwarded = false;
                 self.attempt(body, deltas, &mut forwarded)
