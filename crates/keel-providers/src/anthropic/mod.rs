@@ -123,7 +123,7 @@ impl AnthropicClient {
     /// One HTTP exchange. Sets `forwarded` once text has reached `deltas`.
     async fn attempt(
         &self,
-        body: &[u8],
+        body: &bytes::Bytes,
         deltas: Option<&UnboundedSender<String>>,
         forwarded: &mut bool,
     ) -> Result<ModelResponse, ModelError> {
@@ -132,7 +132,7 @@ impl AnthropicClient {
             .post(self.endpoint.clone())
             .header(CONTENT_TYPE, "application/json")
             .header("anthropic-version", ANTHROPIC_VERSION)
-            .body(body.to_vec());
+            .body(body.clone());
         if self.settings.stream {
             request = request.header(ACCEPT, "text/event-stream");
         }
@@ -227,7 +227,8 @@ impl ModelClient for AnthropicClient {
             max_retries: self.settings.max_retries,
             backoff_base: self.settings.backoff_base,
         };
-        let body = &body;
+        // Shared, so that each attempt sends it without copying it.
+        let body = &bytes::Bytes::from(body);
         let deltas = deltas.as_ref();
         retry::with_retries(
             "anthropic_messages",

@@ -101,7 +101,7 @@ impl OpenAiClient {
     /// One HTTP exchange. Sets `forwarded` once text has reached `deltas`.
     async fn attempt(
         &self,
-        body: &[u8],
+        body: &bytes::Bytes,
         deltas: Option<&UnboundedSender<String>>,
         forwarded: &mut bool,
     ) -> Result<ModelResponse, ModelError> {
@@ -109,7 +109,7 @@ impl OpenAiClient {
             .http
             .post(self.endpoint.clone())
             .header(CONTENT_TYPE, "application/json")
-            .body(body.to_vec());
+            .body(body.clone());
         if self.settings.stream {
             request = request.header(ACCEPT, "text/event-stream");
         }
@@ -205,7 +205,8 @@ impl ModelClient for OpenAiClient {
             max_retries: self.settings.max_retries,
             backoff_base: self.settings.backoff_base,
         };
-        let body = &body;
+        // Shared, so that each attempt sends it without copying it.
+        let body = &bytes::Bytes::from(body);
         let deltas = deltas.as_ref();
         retry::with_retries(
             "chat_completions",
