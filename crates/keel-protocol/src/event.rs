@@ -209,6 +209,7 @@ pub struct PlannedCall {
 pub struct Event {
     pub run_id: String,
     pub seq: u64,
+    #[serde(serialize_with = "crate::timestamp::serialize")]
     pub ts: DateTime<Utc>,
     #[serde(flatten)]
     pub kind: EventKind,

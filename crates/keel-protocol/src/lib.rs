@@ -13,6 +13,7 @@ pub mod quota;
 pub mod redact;
 pub mod run;
 pub mod store;
+mod timestamp;
 pub mod tool;
 
 pub use coord::{Coordination, Notice, Notices, QueuedCommand, SingleNode};
