@@ -24,7 +24,7 @@ fn build_schema() -> ToolSchema {
         description: "Ask the user for required parameters of one specific tool that you must call \
                       and cannot call without them. Never use this for general questions: answer those directly."
             .into(),
-        parameters: json!({
+        parameters: std::sync::Arc::new(json!({
             "type": "object",
             "properties": {
                 "tool_name": {"type": "string", "description": "The tool you need to call"},
@@ -36,7 +36,7 @@ fn build_schema() -> ToolSchema {
             },
             "required": ["tool_name", "missing_slots", "question"],
             "additionalProperties": false
-        }),
+        })),
     }
 }
 

@@ -53,7 +53,7 @@ impl RedactingModel {
         for t in &mut clean.tools {
             r.redact_string(&mut t.name);
             r.redact_string(&mut t.description);
-            r.redact_json(&mut t.parameters);
+            r.redact_json(Arc::make_mut(&mut t.parameters));
         }
         Some(clean)
     }

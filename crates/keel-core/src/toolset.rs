@@ -15,6 +15,8 @@ use crate::error::CoreError;
 pub struct RegisteredTool {
     pub tool: Arc<dyn Tool>,
     pub spec: ToolSpec,
+    /// The tool as offered to the model, made once: every turn offers it.
+    pub offered: ToolSchema,
     pub schema: CompiledSchema,
     /// The declared output schema, compiled, for the `schema` verify rule.
     pub output_schema: Option<CompiledSchema>,
@@ -64,11 +66,17 @@ impl ToolSet {
             })?),
             None => None,
         };
+        let offered = ToolSchema {
+            name: spec.name.clone(),
+            description: spec.description.clone(),
+            parameters: Arc::new(spec.parameters.clone()),
+        };
         self.tools.insert(
             spec.name.clone(),
             RegisteredTool {
                 tool,
                 spec,
+                offered,
                 schema,
                 output_schema,
             },
@@ -114,11 +122,7 @@ impl ToolSet {
         policy: &Policy,
     ) -> Vec<ToolSchema> {
         self.visible(patterns, principal, policy)
-            .map(|t| ToolSchema {
-                name: t.spec.name.clone(),
-                description: t.spec.description.clone(),
-                parameters: t.spec.parameters.clone(),
-            })
+            .map(|t| t.offered.clone())
             .collect()
     }
 }

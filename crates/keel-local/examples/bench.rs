@@ -70,7 +70,7 @@ fn with_tools(max: u32) -> ModelRequest {
     let tool = |name: &str, description: &str, parameters: serde_json::Value| ToolSchema {
         name: name.into(),
         description: description.into(),
-        parameters,
+        parameters: parameters.into(),
     };
     ModelRequest {
         cache: Default::default(),

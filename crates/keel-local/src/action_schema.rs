@@ -185,7 +185,7 @@ mod tests {
         ToolSchema {
             name: name.into(),
             description: String::new(),
-            parameters,
+            parameters: parameters.into(),
         }
     }
 

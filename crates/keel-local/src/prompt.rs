@@ -158,7 +158,7 @@ mod tests {
         ToolSchema {
             name: "furnace_status".into(),
             description: "Status of one furnace.".into(),
-            parameters: json!({"type":"object","properties":{"furnace_id":{"type":"string","description":"e.g. F2"}},"required":["furnace_id"]}),
+            parameters: json!({"type":"object","properties":{"furnace_id":{"type":"string","description":"e.g. F2"}},"required":["furnace_id"]}).into(),
         }
     }
 

@@ -16,11 +16,16 @@ use crate::{Message, ToolCall};
 pub const CLARIFY_TOOL: &str = "clarify";
 
 /// A function offered to the model.
+///
+/// The parameter schema is shared: the same tools are offered on every
+/// turn, so a step's list is made by counting references rather than
+/// copying each schema, and a provider that kept the last list it sent
+/// finds it unchanged by comparing pointers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSchema {
     pub name: String,
     pub description: String,
-    pub parameters: Value,
+    pub parameters: Arc<Value>,
 }
 
 #[derive(Debug, Clone, Default)]

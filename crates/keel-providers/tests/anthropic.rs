@@ -51,7 +51,9 @@ fn weather_tool() -> ToolSchema {
     ToolSchema {
         name: "get_weather".into(),
         description: "Weather for a city".into(),
-        parameters: json!({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}),
+        parameters:
+            json!({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})
+                .into(),
     }
 }
 

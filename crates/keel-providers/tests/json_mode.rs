@@ -34,7 +34,9 @@ fn weather_tool() -> ToolSchema {
     ToolSchema {
         name: "get_weather".into(),
         description: "Weather for a city".into(),
-        parameters: json!({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}),
+        parameters:
+            json!({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})
+                .into(),
     }
 }
 
@@ -43,7 +45,7 @@ fn clarify_tool() -> ToolSchema {
         name: CLARIFY_TOOL.into(),
         description: "Ask the user for required parameters of one tool.".into(),
         parameters: json!({"type":"object","properties":{"tool_name":{"type":"string"},
-            "missing_slots":{"type":"array","items":{"type":"string"}},"question":{"type":"string"}}}),
+            "missing_slots":{"type":"array","items":{"type":"string"}},"question":{"type":"string"}}}).into(),
     }
 }
 

@@ -466,7 +466,9 @@ fn client_tools_pass_every_stage_and_count_against_per_tool_limits() {
     let client = [ToolSchema {
         name: "open_door".into(),
         description: "open a door on the caller's side".into(),
-        parameters: json!({"type":"object","properties":{"door":{"type":"string"}},"required":["door"]}),
+        parameters:
+            json!({"type":"object","properties":{"door":{"type":"string"}},"required":["door"]})
+                .into(),
     }];
     let mut case = Case::new();
     case.tools = snapshot(vec![status_tool()], &client);

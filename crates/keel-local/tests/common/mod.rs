@@ -41,7 +41,7 @@ pub fn tools() -> Vec<ToolSchema> {
         ToolSchema {
             name: "furnace_status".into(),
             description: "Current status of one furnace.".into(),
-            parameters: json!({"type":"object","properties":{"furnace_id":{"type":"string","description":"Furnace id, e.g. F2"}},"required":["furnace_id"]}),
+            parameters: json!({"type":"object","properties":{"furnace_id":{"type":"string","description":"Furnace id, e.g. F2"}},"required":["furnace_id"]}).into(),
         },
         ToolSchema {
             name: "list_batches".into(),
@@ -50,7 +50,7 @@ pub fn tools() -> Vec<ToolSchema> {
                 "from":{"type":"string","description":"Start date, YYYY-MM-DD"},
                 "to":{"type":"string","description":"End date, YYYY-MM-DD"},
                 "limit":{"type":"integer","minimum":1,"maximum":100}
-            },"required":["from","to"]}),
+            },"required":["from","to"]}).into(),
         },
         ToolSchema {
             name: "restart_furnace".into(),
@@ -58,7 +58,7 @@ pub fn tools() -> Vec<ToolSchema> {
             parameters: json!({"type":"object","properties":{
                 "furnace_id":{"type":"string"},
                 "reason":{"type":"string","description":"Why the restart is needed"}
-            },"required":["furnace_id","reason"]}),
+            },"required":["furnace_id","reason"]}).into(),
         },
         ToolSchema {
             name: "set_setpoint".into(),
@@ -68,7 +68,7 @@ pub fn tools() -> Vec<ToolSchema> {
                 "temperature":{"type":"number","minimum":0,"maximum":2000},
                 "unit":{"type":"string","enum":["C","F"]},
                 "dry_run":{"type":"boolean"}
-            },"required":["furnace_id","temperature"]}),
+            },"required":["furnace_id","temperature"]}).into(),
         },
         ToolSchema {
             name: "clarify".into(),
@@ -77,7 +77,7 @@ pub fn tools() -> Vec<ToolSchema> {
                 "tool_name":{"type":"string"},
                 "missing_slots":{"type":"array","items":{"type":"string"}},
                 "question":{"type":"string"}
-            },"required":["tool_name","missing_slots","question"],"additionalProperties":false}),
+            },"required":["tool_name","missing_slots","question"],"additionalProperties":false}).into(),
         },
     ]
 }

@@ -189,7 +189,7 @@ impl Kept {
                         // `input_schema` must be an object schema; a tool
                         // without parameters still needs one.
                         let schema = if t.parameters.is_object() {
-                            t.parameters.clone()
+                            Value::clone(&t.parameters)
                         } else {
                             json!({ "type": "object", "properties": {} })
                         };
@@ -452,7 +452,7 @@ mod tests {
             tools: vec![ToolSchema {
                 name: "f".into(),
                 description: "d".into(),
-                parameters: Value::Null,
+                parameters: Value::Null.into(),
             }],
             max_output_tokens: None,
             ..Default::default()
@@ -492,7 +492,7 @@ mod tests {
         let mut tools = vec![ToolSchema {
             name: "f".into(),
             description: "d".into(),
-            parameters: json!({"type":"object"}),
+            parameters: json!({"type":"object"}).into(),
         }];
         for turn in 0..6 {
             if turn == 3 {

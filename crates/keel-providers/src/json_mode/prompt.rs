@@ -144,7 +144,7 @@ mod tests {
         ToolSchema {
             name: name.into(),
             description: format!("{name} does things."),
-            parameters: json!({"type":"object","properties":{"city":{"type":"string"}}}),
+            parameters: json!({"type":"object","properties":{"city":{"type":"string"}}}).into(),
         }
     }
 

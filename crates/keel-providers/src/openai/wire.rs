@@ -386,7 +386,7 @@ mod tests {
         let tools = vec![ToolSchema {
             name: "lookup".into(),
             description: "d".into(),
-            parameters: json!({"type":"object"}),
+            parameters: json!({"type":"object"}).into(),
         }];
         let cache = keel_protocol::WireCache::default();
         let mut messages = vec![Message::system("s"), Message::user("u \"quoted\" \u{e9}")];
@@ -398,7 +398,7 @@ mod tests {
                 offered.push(ToolSchema {
                     name: "clarify".into(),
                     description: "ask".into(),
-                    parameters: json!({"type":"object","properties":{}}),
+                    parameters: json!({"type":"object","properties":{}}).into(),
                 });
             }
             let id = format!("c{turn}");
@@ -499,7 +499,7 @@ mod tests {
             tools: vec![ToolSchema {
                 name: "f".into(),
                 description: "d".into(),
-                parameters: json!({"type":"object"}),
+                parameters: json!({"type":"object"}).into(),
             }],
             max_output_tokens: None,
             ..Default::default()

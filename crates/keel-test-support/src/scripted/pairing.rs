@@ -253,9 +253,9 @@ mod tests {
             cache: Default::default(),
             messages: vec![],
             tools: vec![
-                schema("t", json!({})),
-                schema("t", json!({})),
-                schema("", json!("x")),
+                schema("t", json!({}).into()),
+                schema("t", json!({}).into()),
+                schema("", json!("x").into()),
             ],
             max_output_tokens: Some(0),
         };

@@ -347,7 +347,7 @@ impl FunctionTool {
         keel_protocol::ToolSchema {
             name: self.name.clone(),
             description: self.description.clone(),
-            parameters: self.parameters.clone(),
+            parameters: std::sync::Arc::new(self.parameters.clone()),
         }
     }
 
