@@ -18,9 +18,12 @@ use crate::pipeline::{Cleared, Target, ToolSnapshot, Verdict};
 use keel_config::OnClarifyExhausted;
 
 /// How long a call whose start is held runs before it is announced anyway.
-/// Short beside a person watching the stream; long beside a fast tool, whose
-/// start then needs no commit of its own.
-const ANNOUNCE_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
+/// Short beside a person watching the stream (a quarter second reads as
+/// at once); long beside a fast tool, whose start then needs no commit of
+/// its own, even on a node so busy that a fast tool answers in tens of
+/// milliseconds: at 20 ms, one turn in ten of a loaded node took a second
+/// commit.
+const ANNOUNCE_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What processing one call leaves the turn to do next.
 pub(super) enum CallFlow {
