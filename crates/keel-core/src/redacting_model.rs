@@ -14,7 +14,6 @@ use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use keel_protocol::{
     Message, ModelClient, ModelError, ModelRequest, ModelResponse, Redactor, RequestGate, ToolCall,
-    Ungated,
 };
 
 pub(crate) struct RedactingModel {
@@ -90,14 +89,6 @@ impl ModelClient for RedactingModel {
 
     fn estimate_tokens(&self, request: &ModelRequest) -> u64 {
         self.inner.estimate_tokens(request)
-    }
-
-    async fn complete(
-        &self,
-        request: &ModelRequest,
-        deltas: Option<UnboundedSender<String>>,
-    ) -> Result<ModelResponse, ModelError> {
-        self.complete_gated(request, deltas, &Ungated).await
     }
 
     async fn complete_gated(
@@ -266,10 +257,11 @@ mod tests {
             "echo"
         }
 
-        async fn complete(
+        async fn complete_gated(
             &self,
             request: &ModelRequest,
             deltas: Option<UnboundedSender<String>>,
+            _gate: &dyn RequestGate,
         ) -> Result<ModelResponse, ModelError> {
             self.seen.lock().unwrap().push(request.clone());
             if let Some(d) = deltas {
@@ -324,10 +316,11 @@ mod tests {
             fn model_name(&self) -> &str {
                 "failing"
             }
-            async fn complete(
+            async fn complete_gated(
                 &self,
                 _: &ModelRequest,
                 _: Option<UnboundedSender<String>>,
+                _: &dyn RequestGate,
             ) -> Result<ModelResponse, ModelError> {
                 Err(ModelError::RetriesExhausted {
                     attempts: 2,

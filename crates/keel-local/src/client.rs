@@ -4,7 +4,7 @@ use std::sync::mpsc;
 
 use futures::channel::mpsc::UnboundedSender;
 use futures::channel::oneshot;
-use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse};
+use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse, RequestGate};
 
 use crate::engine::{self, Job};
 use crate::error::LocalError;
@@ -78,10 +78,12 @@ impl ModelClient for LocalModel {
         3.0
     }
 
-    async fn complete(
+    /// One decoding per call, in this process: nothing to retry or bill.
+    async fn complete_gated(
         &self,
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
+        _gate: &dyn RequestGate,
     ) -> Result<ModelResponse, ModelError> {
         let (reply, answer) = oneshot::channel();
         self.jobs

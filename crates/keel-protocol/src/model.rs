@@ -260,21 +260,20 @@ pub trait ModelClient: Send + Sync {
         &self,
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
-    ) -> Result<ModelResponse, ModelError>;
+    ) -> Result<ModelResponse, ModelError> {
+        self.complete_gated(request, deltas, &Ungated).await
+    }
 
     /// [`complete`](Self::complete), asking `gate` before every request
-    /// after the first. This default sends exactly one request, so it
-    /// needs no gate; a client that retries or repairs, and a wrapper of
-    /// another client, must override it and pass the gate on.
+    /// after the first. A client that sends one request per call has
+    /// nothing to ask; one that retries or repairs asks before each further
+    /// request, and a wrapper of another client passes the gate on.
     async fn complete_gated(
         &self,
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
         gate: &dyn RequestGate,
-    ) -> Result<ModelResponse, ModelError> {
-        let _ = gate;
-        self.complete(request, deltas).await
-    }
+    ) -> Result<ModelResponse, ModelError>;
 }
 
 /// The length of `value` written as compact JSON, counted without building

@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use futures::channel::mpsc::UnboundedSender;
-use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse, RequestGate, Ungated};
+use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse, RequestGate};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 
 use crate::http::{MAX_ERROR_BODY, MAX_REPLY_BYTES, read_body, transport_error};
@@ -191,14 +191,6 @@ impl ModelClient for AnthropicClient {
 
     fn context_window(&self) -> Option<u64> {
         self.settings.context_window
-    }
-
-    async fn complete(
-        &self,
-        request: &ModelRequest,
-        deltas: Option<UnboundedSender<String>>,
-    ) -> Result<ModelResponse, ModelError> {
-        self.complete_gated(request, deltas, &Ungated).await
     }
 
     async fn complete_gated(

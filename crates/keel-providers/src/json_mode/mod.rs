@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::channel::mpsc::UnboundedSender;
 use keel_protocol::{
     Message, ModelClient, ModelError, ModelRequest, ModelResponse, PreviousCost, RequestGate,
-    ToolCall, Ungated,
+    ToolCall,
 };
 use serde_json::{Value, json};
 
@@ -67,14 +67,6 @@ impl ModelClient for JsonToolMode {
 
     fn chars_per_token(&self) -> f64 {
         self.inner.chars_per_token()
-    }
-
-    async fn complete(
-        &self,
-        request: &ModelRequest,
-        deltas: Option<UnboundedSender<String>>,
-    ) -> Result<ModelResponse, ModelError> {
-        self.complete_gated(request, deltas, &Ungated).await
     }
 
     /// Each repair turn is one more request: `gate` is asked before it, as

@@ -8,7 +8,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use futures::channel::mpsc::UnboundedSender;
-use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse, RequestGate, Ungated};
+use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse, RequestGate};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 
 use crate::http::{MAX_ERROR_BODY, MAX_REPLY_BYTES, read_body, transport_error};
@@ -174,14 +174,6 @@ impl ModelClient for OpenAiClient {
     /// OpenAI's documented rule of thumb for its BPE tokenizers.
     fn chars_per_token(&self) -> f64 {
         4.0
-    }
-
-    async fn complete(
-        &self,
-        request: &ModelRequest,
-        deltas: Option<UnboundedSender<String>>,
-    ) -> Result<ModelResponse, ModelError> {
-        self.complete_gated(request, deltas, &Ungated).await
     }
 
     async fn complete_gated(

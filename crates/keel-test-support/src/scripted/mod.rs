@@ -16,7 +16,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::channel::mpsc::UnboundedSender;
-use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse};
+use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse, RequestGate};
 
 pub use reply::{
     call_tool, call_tools, fail, hang, last_user_text, offers_tools, raw_call, reply_text, respond,
@@ -321,10 +321,12 @@ impl ModelClient for ScriptedModel {
         self.state().context_window
     }
 
-    async fn complete(
+    /// One scripted reply per call: no request is ever retried.
+    async fn complete_gated(
         &self,
         request: &ModelRequest,
         deltas: Option<UnboundedSender<String>>,
+        _gate: &dyn RequestGate,
     ) -> Result<ModelResponse, ModelError> {
         let (n, step) = self.take(request)?;
         let mut response = self.answer(n, step, request).await?;
