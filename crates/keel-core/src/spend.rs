@@ -28,9 +28,8 @@ const FRAMING_TOKENS: u64 = 16;
 /// retries, repairs).
 #[derive(Debug)]
 pub(crate) struct Reservation {
-    keys: Vec<QuotaKey>,
-    /// Each counter's limit, in the order of `keys`.
-    limits: Vec<u64>,
+    /// Each counter taken from, with its limit.
+    counters: Vec<(QuotaKey, u64)>,
     /// The worst case of one request.
     micros: u64,
     /// Requests reserved, `micros` each.
@@ -102,14 +101,11 @@ pub(crate) async fn reserve(
     if micros == 0 {
         return Ok(Ok(None));
     }
-    let limits: Vec<u64> = counters.iter().map(|(_, limit)| *limit).collect();
-    let keys: Vec<QuotaKey> = counters.into_iter().map(|(key, _)| key).collect();
-    if let Err(which) = take_all(store, tenant, &keys, &limits, micros).await? {
+    if let Err(which) = take_all(store, tenant, &counters, micros).await? {
         return Ok(Err(Refusal::Limit(which)));
     }
     Ok(Ok(Some(Reservation {
-        keys,
-        limits,
+        counters,
         micros,
         requests: 1,
         unreported: 0,
@@ -120,13 +116,12 @@ pub(crate) async fn reserve(
 async fn take_all(
     store: &dyn Store,
     tenant: &str,
-    keys: &[QuotaKey],
-    limits: &[u64],
+    counters: &[(QuotaKey, u64)],
     micros: u64,
 ) -> Result<Result<(), Budget>, StoreError> {
-    for (i, (key, limit)) in keys.iter().zip(limits).enumerate() {
+    for (i, (key, limit)) in counters.iter().enumerate() {
         if store.quota_take(key, micros, *limit).await?.is_none() {
-            for taken in &keys[..i] {
+            for (taken, _) in &counters[..i] {
                 store.quota_give_back(taken, micros).await?;
             }
             record_rejection(tenant, key.limit);
@@ -153,16 +148,12 @@ struct GateState {
 }
 
 impl SpendGate {
-    pub(crate) fn new(
-        store: Arc<dyn Store>,
-        tenant: &str,
-        reservation: Option<Reservation>,
-    ) -> Self {
+    pub(crate) fn new(store: Arc<dyn Store>, tenant: &str, reservation: Reservation) -> Self {
         Self {
             store,
             tenant: tenant.to_owned(),
             state: tokio::sync::Mutex::new(GateState {
-                reservation,
+                reservation: Some(reservation),
                 refused: None,
             }),
         }
@@ -196,15 +187,7 @@ impl RequestGate for SpendGate {
             PreviousCost::Unknown => r.unreported += 1,
             PreviousCost::Reported => {}
         }
-        match take_all(
-            self.store.as_ref(),
-            &self.tenant,
-            &r.keys,
-            &r.limits,
-            r.micros,
-        )
-        .await
-        {
+        match take_all(self.store.as_ref(), &self.tenant, &r.counters, r.micros).await {
             Ok(Ok(())) => {
                 r.requests += 1;
                 true
@@ -254,7 +237,7 @@ pub(crate) async fn settle(
     // Requests that may have been billed without counts stay reserved.
     let kept = actual.saturating_add(r.micros.saturating_mul(r.unreported));
     let reserved = r.micros.saturating_mul(r.requests);
-    for key in &r.keys {
+    for (key, _) in &r.counters {
         if kept <= reserved {
             store.quota_give_back(key, reserved - kept).await?;
         } else {

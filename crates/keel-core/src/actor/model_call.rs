@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant as StdInstant};
 
 use futures::StreamExt;
-use keel_protocol::{ErrorBody, EventKind, ModelRequest, ModelResponse};
+use keel_protocol::{ErrorBody, EventKind, ModelRequest, ModelResponse, RequestGate, Ungated};
 use tokio::time::Instant;
 
 use super::{Exit, RunActor};
@@ -80,20 +80,27 @@ impl RunActor {
                 )));
             }
         };
-        // Retries and repairs inside the call are reserved by this gate.
-        let gate = std::sync::Arc::new(crate::spend::SpendGate::new(
-            self.shared.store.clone(),
-            &self.principal.tenant,
-            reservation,
-        ));
+        // Under a spend limit, retries and repairs inside the call are
+        // reserved by this gate; without one, every request may go.
+        let gate = reservation.map(|r| {
+            std::sync::Arc::new(crate::spend::SpendGate::new(
+                self.shared.store.clone(),
+                &self.principal.tenant,
+                r,
+            ))
+        });
         let (tx, mut rx) = futures::channel::mpsc::unbounded::<String>();
         let model = self.agent.model.clone();
         let span = crate::otel::chat(model.model_name(), &self.run_id);
         let call_gate = gate.clone();
         let call = tracing::Instrument::instrument(
             async move {
+                let gate: &dyn RequestGate = match &call_gate {
+                    Some(gate) => gate.as_ref(),
+                    None => &Ungated,
+                };
                 model
-                    .complete_gated(&request, stream.then_some(tx), call_gate.as_ref())
+                    .complete_gated(&request, stream.then_some(tx), gate)
                     .await
             },
             span.clone(),
@@ -131,6 +138,7 @@ impl RunActor {
         metrics::histogram!("keel_llm_latency_seconds").record(elapsed.as_secs_f64());
         self.usage.llm_calls += 1;
         if result.is_err()
+            && let Some(gate) = &gate
             && let Some(refusal) = gate.refusal().await
         {
             // A retry or repair would have passed a spend limit: the run
@@ -146,7 +154,10 @@ impl RunActor {
             Exit::Failed(ErrorBody::new("provider_error", e.to_string()))
         })?;
         crate::otel::record_chat(&span, &response);
-        let reservation = gate.take_reservation().await;
+        let reservation = match &gate {
+            Some(gate) => gate.take_reservation().await,
+            None => None,
+        };
         crate::spend::settle(
             self.shared.store.as_ref(),
             &self.principal.tenant,
