@@ -177,6 +177,12 @@ pub struct ProviderConfig {
     /// First backoff delay in milliseconds; doubled each retry, capped at 30 s.
     #[serde(default = "default_backoff_ms")]
     pub backoff_ms: u64,
+    /// Requests to this provider in flight at once; more wait their turn,
+    /// in order, before their timeout starts. Each one in flight holds a
+    /// connection (about 30 KB of memory); the provider's rate limit caps
+    /// how many are worth sending at once anyway.
+    #[serde(default = "default_max_concurrent_requests")]
+    pub max_concurrent_requests: u32,
     /// `kind = "local"`: the GGUF file to run (else `model` names a known model).
     #[serde(default)]
     pub model_path: Option<String>,
@@ -209,6 +215,9 @@ fn default_max_retries() -> u32 {
 }
 fn default_backoff_ms() -> u64 {
     500
+}
+fn default_max_concurrent_requests() -> u32 {
+    256
 }
 
 /// How a run starts.
@@ -708,6 +717,11 @@ pub struct HttpToolConfig {
     /// The tool polls a status (default false).
     #[serde(default)]
     pub poll: Option<bool>,
+    /// Calls of this tool in flight at once (default 64); more wait their
+    /// turn, in order, before their timeout starts, so a burst of runs
+    /// does not hit the endpoint with one request each.
+    #[serde(default)]
+    pub max_concurrent_calls: Option<u32>,
 }
 
 fn d_method() -> String {

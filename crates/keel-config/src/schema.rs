@@ -247,6 +247,7 @@ static PROVIDER: &[Field] = &[
     opt("timeout_s", U64),
     opt("max_retries", U32),
     opt("backoff_ms", U64),
+    opt("max_concurrent_requests", U32),
     opt("model_path", Ty::Str),
     opt("threads", U32),
     opt("requantize_q4_1", Ty::Bool),
@@ -397,6 +398,7 @@ static HTTP: &[Field] = &[
     opt("timeout_s", U64),
     opt("roles", STRS),
     opt("poll", Ty::Bool),
+    opt("max_concurrent_calls", U32),
 ];
 
 static OVERRIDE: &[Field] = &[
@@ -821,6 +823,7 @@ mod tests {
                 timeout_s: 1,
                 max_retries: 1,
                 backoff_ms: 1,
+                max_concurrent_requests: 1,
                 model_path: Some("m.gguf".into()),
                 threads: Some(2),
                 requantize_q4_1: Some(false),
@@ -872,6 +875,7 @@ mod tests {
                     timeout_s: Some(1),
                     roles: Some(vec!["r".into()]),
                     poll: Some(true),
+                    max_concurrent_calls: Some(1),
                 }],
                 overrides: [(
                     "x.y".to_string(),

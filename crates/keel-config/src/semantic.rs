@@ -120,6 +120,12 @@ fn check_providers(config: &Config, env: &dyn Env, found: &mut Findings) {
         if p.model.is_empty() && !found.is_invalid(&at.key("model")) {
             found.error_at(&at.key("model"), "must not be empty".into());
         }
+        if p.max_concurrent_requests == 0 {
+            found.error_at(
+                &at.key("max_concurrent_requests"),
+                "must be at least 1: no request could ever be sent".into(),
+            );
+        }
     }
 }
 
@@ -320,6 +326,12 @@ fn check_tools(config: &Config, env: &dyn Env, found: &mut Findings) {
 }
 
 fn check_http_tool(found: &mut Findings, env: &dyn Env, at: &KeyPath, tool: &HttpToolConfig) {
+    if tool.max_concurrent_calls == Some(0) {
+        found.error_at(
+            &at.key("max_concurrent_calls"),
+            "must be at least 1: no call could ever be made".into(),
+        );
+    }
     if tool.name.contains('.') {
         found.error_at(
             &at.key("name"),

@@ -586,3 +586,48 @@ risk = "write"
         messages(&r)
     );
 }
+
+#[test]
+fn a_limit_of_nothing_in_flight_is_an_error() {
+    let r = load_str(
+        r#"
+[[providers]]
+name = "main"
+kind = "openai"
+model = "m"
+max_concurrent_requests = 0
+
+[[tools.http]]
+name = "lookup"
+description = "d"
+url = "http://127.0.0.1:9/lookup"
+max_concurrent_calls = 0
+"#,
+        "keel.toml",
+        &MapEnv::new(),
+    );
+    assert_eq!(
+        keys(&r),
+        vec![
+            k(E, "providers[0].max_concurrent_requests"),
+            k(E, "tools.http[0].max_concurrent_calls"),
+        ]
+    );
+    let text = messages(&r);
+    assert!(
+        text.contains("providers[0].max_concurrent_requests: must be at least 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tools.http[0].max_concurrent_calls: must be at least 1"),
+        "{text}"
+    );
+
+    let fine = load_str(
+        &format!("{PROVIDER}max_concurrent_requests = 8\n"),
+        "keel.toml",
+        &MapEnv::new(),
+    )
+    .unwrap();
+    assert_eq!(fine.config.providers[0].max_concurrent_requests, 8);
+}

@@ -9,6 +9,7 @@ mod encoded;
 #[doc(hidden)]
 pub mod fuzzing;
 mod http;
+mod in_flight;
 pub mod json_mode;
 pub mod openai;
 mod retry;

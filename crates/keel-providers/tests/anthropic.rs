@@ -21,6 +21,7 @@ fn settings(base_url: String, stream: bool) -> AnthropicSettings {
         max_retries: 2,
         backoff_base: Duration::from_millis(10),
         context_window: Some(200_000),
+        max_concurrent_requests: 256,
         max_tokens: 4096,
     }
 }

@@ -26,6 +26,7 @@ fn json_mode(fake: &FakeOpenAi) -> JsonToolMode {
         max_retries: 0,
         backoff_base: Duration::from_millis(10),
         context_window: Some(4096),
+        max_concurrent_requests: 256,
     };
     JsonToolMode::new(Arc::new(OpenAiClient::new(settings).unwrap()))
 }

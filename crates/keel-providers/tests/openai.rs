@@ -22,6 +22,7 @@ fn settings(base_url: String, stream: bool) -> OpenAiSettings {
         max_retries: 2,
         backoff_base: Duration::from_millis(10),
         context_window: Some(8192),
+        max_concurrent_requests: 256,
     }
 }
 
@@ -616,4 +617,32 @@ async fn a_slow_reply_does_not_block_others_and_cancel_is_by_drop() {
     assert!(cancelled.is_err(), "dropping the future cancels the call");
     assert_eq!(slow.unwrap().text, "slow done");
     assert_eq!(fake.request_count(), 3);
+}
+
+#[tokio::test]
+async fn requests_past_the_limit_wait_their_turn_outside_their_timeout() {
+    // Each reply takes 400 ms: six requests two at a time end after 1.2 s,
+    // past the 1 s timeout, which must only count from each one's sending.
+    let fake = FakeOpenAi::start(Script::handler(|_: &Value| {
+        Reply::text("ok").after(Duration::from_millis(400))
+    }))
+    .await;
+    let mut s = settings(fake.base_url(), false);
+    s.timeout = Duration::from_secs(1);
+    s.max_retries = 0;
+    s.max_concurrent_requests = 2;
+    let client = OpenAiClient::new(s).unwrap();
+    // A clone shares its original's limit: the limit is the provider's.
+    let twin = client.clone();
+    let request = ask("hi");
+    let calls = (0..6).map(|i| {
+        let c = if i % 2 == 0 { &client } else { &twin };
+        c.complete(&request, None)
+    });
+    let results = futures::future::join_all(calls).await;
+    for result in results {
+        assert_eq!(result.unwrap().text, "ok");
+    }
+    assert_eq!(fake.request_count(), 6);
+    assert_eq!(fake.most_in_flight(), 2);
 }

@@ -11,6 +11,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
 use serde_json::{Map, Value};
+use tokio::sync::Semaphore;
 
 use crate::ToolsError;
 use crate::env::expand;
@@ -21,6 +22,8 @@ pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 /// How much of an error body the model is shown.
 const ERROR_SNIPPET_CHARS: usize = 2000;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Calls in flight per tool unless `max_concurrent_calls` says otherwise.
+const DEFAULT_MAX_CONCURRENT_CALLS: usize = 64;
 
 /// Everything but RFC 3986 unreserved characters, so an argument can never
 /// add a path segment, a query or a fragment.
@@ -38,6 +41,10 @@ pub struct HttpTool {
     url: UrlTemplate,
     headers: HeaderMap,
     client: reqwest::Client,
+    /// Bounds the calls in flight (`max_concurrent_calls`): each holds a
+    /// connection to the endpoint, and a burst of runs would otherwise
+    /// open one each.
+    in_flight: Semaphore,
 }
 
 /// The risk and approval an HTTP tool's own entry gives it: `read` and no
@@ -126,6 +133,13 @@ impl HttpTool {
             url,
             headers,
             client,
+            in_flight: Semaphore::new(
+                cfg.max_concurrent_calls
+                    .map_or(DEFAULT_MAX_CONCURRENT_CALLS, |n| {
+                        usize::try_from(n).unwrap_or(usize::MAX)
+                    })
+                    .clamp(1, Semaphore::MAX_PERMITS),
+            ),
         })
     }
 
@@ -217,6 +231,18 @@ impl Tool for HttpTool {
     }
 
     async fn call(&self, arguments: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        // The wait for a place is not part of the timeout: a call that has
+        // not been sent cannot have timed out.
+        let _place = match self.in_flight.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => {
+                tracing::debug!(tool = %self.spec.name, "max_concurrent_calls in flight; this call waits");
+                self.in_flight
+                    .acquire()
+                    .await
+                    .map_err(|_| ToolError::Failed("the tool's call limiter was closed".into()))?
+            }
+        };
         let timeout = self.spec.timeout;
         match tokio::time::timeout(timeout, self.execute(arguments)).await {
             Ok(result) => result,

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, Query};
@@ -293,4 +295,50 @@ async fn bad_configuration_is_rejected() {
             "{cfg}"
         );
     }
+}
+
+/// A server that takes 400 ms per request and records the most it was
+/// answering at once.
+async fn serve_counting() -> (SocketAddr, Arc<AtomicUsize>) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let seen = most.clone();
+    let app = Router::new().route(
+        "/busy",
+        get(move || {
+            let (in_flight, most) = (in_flight.clone(), most.clone());
+            async move {
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                Json(json!({"ok": true}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn calls_past_the_limit_wait_their_turn_outside_their_timeout() {
+    let (addr, most) = serve_counting().await;
+    // Six calls two at a time end after 1.2 s, past the 1 s timeout, which
+    // must only count from each call's sending.
+    let tool = HttpTool::from_config(
+        &config(json!({
+            "name": "busy", "description": "d", "url": format!("http://{addr}/busy"),
+            "timeout_s": 1, "max_concurrent_calls": 2
+        })),
+        no_env,
+    )
+    .unwrap();
+    let ctx = ctx();
+    let calls = (0..6).map(|_| tool.call(json!({}), &ctx));
+    for result in futures::future::join_all(calls).await {
+        assert_eq!(result.unwrap().structured, Some(json!({"ok": true})));
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 2);
 }

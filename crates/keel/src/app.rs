@@ -200,6 +200,8 @@ fn model_client(
                 max_retries: p.max_retries,
                 backoff_base: backoff,
                 context_window: p.context_window,
+                max_concurrent_requests: usize::try_from(p.max_concurrent_requests)
+                    .unwrap_or(usize::MAX),
             };
             Arc::new(OpenAiClient::new(settings).with_context(|| format!("provider `{}`", p.name))?)
         }
@@ -216,6 +218,8 @@ fn model_client(
             settings.max_retries = p.max_retries;
             settings.backoff_base = backoff;
             settings.context_window = p.context_window;
+            settings.max_concurrent_requests =
+                usize::try_from(p.max_concurrent_requests).unwrap_or(usize::MAX);
             Arc::new(
                 AnthropicClient::new(settings).with_context(|| format!("provider `{}`", p.name))?,
             )

@@ -14,6 +14,7 @@ use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse, Reques
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 
 use crate::http::{MAX_ERROR_BODY, MAX_REPLY_BYTES, read_body, transport_error};
+use crate::in_flight::{DEFAULT_MAX_CONCURRENT_REQUESTS, InFlight};
 use crate::retry::{self, parse_retry_after};
 
 /// The API version keel speaks; the wire format below follows it.
@@ -35,6 +36,8 @@ pub struct AnthropicSettings {
     /// First backoff delay; doubled each retry, capped at 30 s.
     pub backoff_base: Duration,
     pub context_window: Option<u64>,
+    /// Requests in flight at once; more wait their turn (`InFlight`).
+    pub max_concurrent_requests: usize,
     /// `max_tokens` when the request sets no limit: the API requires one.
     pub max_tokens: u32,
 }
@@ -55,6 +58,7 @@ impl AnthropicSettings {
             max_retries: 3,
             backoff_base: Duration::from_millis(500),
             context_window: None,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
             max_tokens: 4096,
         }
     }
@@ -72,6 +76,7 @@ impl fmt::Debug for AnthropicSettings {
             .field("max_retries", &self.max_retries)
             .field("backoff_base", &self.backoff_base)
             .field("context_window", &self.context_window)
+            .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("max_tokens", &self.max_tokens)
             .finish()
     }
@@ -85,6 +90,7 @@ pub struct AnthropicClient {
     endpoint: reqwest::Url,
     api_key: Option<HeaderValue>,
     http: reqwest::Client,
+    in_flight: InFlight,
 }
 
 impl AnthropicClient {
@@ -109,9 +115,10 @@ impl AnthropicClient {
             .build()
             .map_err(|e| ModelError::Connect(format!("cannot build HTTP client: {e}")))?;
         Ok(Self {
-            settings,
             endpoint,
             api_key,
+            in_flight: InFlight::new(settings.max_concurrent_requests),
+            settings,
             http,
         })
     }
@@ -127,6 +134,7 @@ impl AnthropicClient {
         deltas: Option<&UnboundedSender<String>>,
         forwarded: &mut bool,
     ) -> Result<ModelResponse, ModelError> {
+        let _place = self.in_flight.enter(&self.settings.model).await?;
         let mut request = self
             .http
             .post(self.endpoint.clone())

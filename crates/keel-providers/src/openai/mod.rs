@@ -12,6 +12,7 @@ use keel_protocol::{ModelClient, ModelError, ModelRequest, ModelResponse, Reques
 use reqwest::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 
 use crate::http::{MAX_ERROR_BODY, MAX_REPLY_BYTES, read_body, transport_error};
+use crate::in_flight::{DEFAULT_MAX_CONCURRENT_REQUESTS, InFlight};
 use crate::retry::{self, parse_retry_after};
 
 /// How to reach one Chat Completions endpoint.
@@ -30,6 +31,8 @@ pub struct OpenAiSettings {
     /// First backoff delay; doubled each retry, capped at 30 s.
     pub backoff_base: Duration,
     pub context_window: Option<u64>,
+    /// Requests in flight at once; more wait their turn (`InFlight`).
+    pub max_concurrent_requests: usize,
 }
 
 impl OpenAiSettings {
@@ -45,6 +48,7 @@ impl OpenAiSettings {
             max_retries: 3,
             backoff_base: Duration::from_millis(500),
             context_window: None,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
         }
     }
 }
@@ -61,6 +65,7 @@ impl fmt::Debug for OpenAiSettings {
             .field("max_retries", &self.max_retries)
             .field("backoff_base", &self.backoff_base)
             .field("context_window", &self.context_window)
+            .field("max_concurrent_requests", &self.max_concurrent_requests)
             .finish()
     }
 }
@@ -72,6 +77,7 @@ pub struct OpenAiClient {
     settings: OpenAiSettings,
     endpoint: reqwest::Url,
     http: reqwest::Client,
+    in_flight: InFlight,
 }
 
 impl OpenAiClient {
@@ -88,8 +94,9 @@ impl OpenAiClient {
             .build()
             .map_err(|e| ModelError::Connect(format!("cannot build HTTP client: {e}")))?;
         Ok(Self {
-            settings,
             endpoint,
+            in_flight: InFlight::new(settings.max_concurrent_requests),
+            settings,
             http,
         })
     }
@@ -105,6 +112,7 @@ impl OpenAiClient {
         deltas: Option<&UnboundedSender<String>>,
         forwarded: &mut bool,
     ) -> Result<ModelResponse, ModelError> {
+        let _place = self.in_flight.enter(&self.settings.model).await?;
         let mut request = self
             .http
             .post(self.endpoint.clone())

@@ -10,7 +10,7 @@ mod render;
 mod reply;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -79,6 +79,25 @@ struct Shared {
     violations: Mutex<Vec<String>>,
     next_call: AtomicU64,
     next_completion: AtomicU64,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
+}
+
+/// Counts a request as in flight while its reply is being made.
+struct Answering<'a>(&'a Shared);
+
+impl<'a> Answering<'a> {
+    fn start(shared: &'a Shared) -> Self {
+        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        Self(shared)
+    }
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A running fake server; it stops when dropped.
@@ -99,6 +118,8 @@ impl FakeOpenAi {
             violations: Mutex::new(Vec::new()),
             next_call: AtomicU64::new(1),
             next_completion: AtomicU64::new(1),
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat))
@@ -145,6 +166,12 @@ impl FakeOpenAi {
     pub fn request_count(&self) -> usize {
         self.shared.requests.lock().unwrap().len()
     }
+
+    /// The most requests this server was answering at once: each counts
+    /// from its arrival until its reply (after the reply's delay) is made.
+    pub fn most_in_flight(&self) -> usize {
+        self.shared.most_in_flight.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for FakeOpenAi {
@@ -154,6 +181,7 @@ impl Drop for FakeOpenAi {
 }
 
 async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let _answering = Answering::start(&shared);
     let auth = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
