@@ -11,6 +11,7 @@ pub mod gateway;
 pub mod metrics;
 mod openapi;
 mod routes;
+mod serve;
 mod sse;
 
 use std::sync::Arc;
@@ -48,24 +49,14 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     routes::api().into_openapi()
 }
 
-/// Serves until `shutdown` resolves.
+/// Serves until `shutdown` resolves, then waits for open connections to
+/// finish their requests.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // Without TCP_NODELAY the last small SSE frame of a run waits for the
-    // client's delayed ACK of the previous one (tens of milliseconds).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
-    // `into_make_service`: every connection shares the one router. Served
-    // as a plain `Router`, axum rebuilds its route table for each
-    // connection (about 9 KB), and each open event stream keeps its copy.
-    axum::serve(listener, router(state).into_make_service())
-        .with_graceful_shutdown(shutdown)
-        .await
+    // One router for every connection: a `Router` is cheap to clone, and
+    // each open event stream keeps only its clone.
+    serve::serve(listener, router(state), shutdown).await
 }

@@ -378,3 +378,28 @@ async fn metrics_count_runs_steps_and_tool_calls() {
         assert!(text.contains(needle), "missing {needle} in:\n{text}");
     }
 }
+
+#[tokio::test]
+async fn a_request_head_past_8_kb_is_431_and_the_server_goes_on() {
+    let model = FakeOpenAi::start(Script::queue(vec![])).await;
+    let tools = ToolServer::start().await;
+    let keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
+    let http = reqwest::Client::new();
+    // A long header that still fits (a large token, say) is served.
+    let fits = http
+        .get(keel.url("/healthz"))
+        .header("x-trace-context", "t".repeat(6 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fits.status().as_u16(), 200);
+    let refused = http
+        .get(keel.url("/healthz"))
+        .header("x-trace-context", "t".repeat(9 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 431);
+    let (code, _) = keel.get("/healthz", None).await;
+    assert_eq!(code, 200, "the server still answers");
+}
