@@ -34,7 +34,9 @@ pub use store::{
     ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, NewRun, RunFilter, RunPage, RunPatch,
     Store, StoreError,
 };
-pub use tool::{Risk, Tool, ToolContext, ToolError, ToolOutput, ToolSource, ToolSpec, Trust};
+pub use tool::{
+    CallPlace, Risk, Tool, ToolContext, ToolError, ToolOutput, ToolSource, ToolSpec, Trust,
+};
 
 /// Current time, as every timestamp in keel is written.
 pub fn now() -> chrono::DateTime<chrono::Utc> {

@@ -195,4 +195,15 @@ pub trait Tool: Send + Sync {
 
     /// Executes with arguments that already passed the schema guard.
     async fn call(&self, arguments: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>;
+
+    /// For a tool that bounds its calls in flight: waits for a place among
+    /// them. The caller takes it before the call and its timeout start, and
+    /// holds it until the call has ended, so a call kept waiting is never
+    /// one that timed out. `None`: no bound.
+    async fn place(&self) -> Option<CallPlace> {
+        None
+    }
 }
+
+/// A place among a tool's calls in flight, given back when dropped.
+pub type CallPlace = Box<dyn Send + Sync>;

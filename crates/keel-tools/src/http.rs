@@ -2,11 +2,14 @@
 //! with the model's arguments. Path parameters go into the URL template,
 //! the rest into the query string or a JSON body depending on the method.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use keel_config::HttpToolConfig;
 use keel_guard::schema::{CompiledSchema, normalize};
-use keel_protocol::{Risk, Tool, ToolContext, ToolError, ToolOutput, ToolSource, ToolSpec};
+use keel_protocol::{
+    CallPlace, Risk, Tool, ToolContext, ToolError, ToolOutput, ToolSource, ToolSpec,
+};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
@@ -41,10 +44,10 @@ pub struct HttpTool {
     url: UrlTemplate,
     headers: HeaderMap,
     client: reqwest::Client,
-    /// Bounds the calls in flight (`max_concurrent_calls`): each holds a
-    /// connection to the endpoint, and a burst of runs would otherwise
-    /// open one each.
-    in_flight: Semaphore,
+    /// Bounds the calls in flight (`max_concurrent_calls`), through
+    /// [`Tool::place`]: each holds a connection to the endpoint, and a
+    /// burst of runs would otherwise open one each.
+    in_flight: Arc<Semaphore>,
 }
 
 /// The risk and approval an HTTP tool's own entry gives it: `read` and no
@@ -133,13 +136,13 @@ impl HttpTool {
             url,
             headers,
             client,
-            in_flight: Semaphore::new(
+            in_flight: Arc::new(Semaphore::new(
                 cfg.max_concurrent_calls
                     .map_or(DEFAULT_MAX_CONCURRENT_CALLS, |n| {
                         usize::try_from(n).unwrap_or(usize::MAX)
                     })
                     .clamp(1, Semaphore::MAX_PERMITS),
-            ),
+            )),
         })
     }
 
@@ -231,23 +234,23 @@ impl Tool for HttpTool {
     }
 
     async fn call(&self, arguments: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        // The wait for a place is not part of the timeout: a call that has
-        // not been sent cannot have timed out.
-        let _place = match self.in_flight.try_acquire() {
-            Ok(permit) => permit,
-            Err(_) => {
-                tracing::debug!(tool = %self.spec.name, "max_concurrent_calls in flight; this call waits");
-                self.in_flight
-                    .acquire()
-                    .await
-                    .map_err(|_| ToolError::Failed("the tool's call limiter was closed".into()))?
-            }
-        };
         let timeout = self.spec.timeout;
         match tokio::time::timeout(timeout, self.execute(arguments)).await {
             Ok(result) => result,
             Err(_) => Err(ToolError::Timeout(timeout)),
         }
+    }
+
+    async fn place(&self) -> Option<CallPlace> {
+        let permit = match self.in_flight.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                tracing::debug!(tool = %self.spec.name, "max_concurrent_calls in flight; this call waits");
+                // Never closed: the tool owns the semaphore.
+                self.in_flight.clone().acquire_owned().await.ok()?
+            }
+        };
+        Some(Box::new(permit))
     }
 }
 

@@ -336,7 +336,11 @@ async fn calls_past_the_limit_wait_their_turn_outside_their_timeout() {
     )
     .unwrap();
     let ctx = ctx();
-    let calls = (0..6).map(|_| tool.call(json!({}), &ctx));
+    // As the run loop calls a tool: a place first, then the timed call.
+    let calls = (0..6).map(|_| async {
+        let _place = tool.place().await;
+        tool.call(json!({}), &ctx).await
+    });
     for result in futures::future::join_all(calls).await {
         assert_eq!(result.unwrap().structured, Some(json!({"ok": true})));
     }

@@ -412,7 +412,10 @@ impl RunActor {
         let timeout = spec.timeout;
         let span = crate::otel::execute_tool(&call.name, &call.id, &self.run_id, &args_text);
         let running = tracing::Instrument::instrument(
-            tokio::time::timeout(timeout, tool.call(args, &ctx)),
+            async {
+                let _place = tool.place().await;
+                tokio::time::timeout(timeout, tool.call(args, &ctx)).await
+            },
             span.clone(),
         );
         let outcome = match self.run_tool(running, start_held).await? {
