@@ -241,7 +241,7 @@ fn two_status_turns() -> ScriptedModel {
 }
 
 #[tokio::test]
-async fn the_model_is_asked_again_while_the_turn_is_written() {
+async fn the_model_is_asked_again_while_earlier_turns_are_written() {
     let model = two_status_turns();
     let writes = Gate::new();
     let (rt, commits) = recorded_with(
@@ -261,21 +261,74 @@ async fn the_model_is_asked_again_while_the_turn_is_written() {
     let results = keel_test_support::scripted::tool_messages(&second);
     assert_eq!(results.len(), 1, "{results:?}");
     assert!(results[0].1.contains("F1"), "{results:?}");
-    // Nothing of the turn is published before it is stored.
-    assert_eq!(rt.event_types(&run).await, ["run_started"]);
-    // The second turn's write waits for the first: the model is not asked
-    // a third time, and the run does not end, until it is stored.
+    // The second turn waits behind the first without holding the run up:
+    // the model is asked for its answer with both results.
+    rt.wait_until("the model is asked a third time", || {
+        rt.model().request_count() >= 3
+    })
+    .await;
+    let third = rt.model().request(2).unwrap();
+    let results = keel_test_support::scripted::tool_messages(&third);
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert!(results[1].1.contains("F2"), "{results:?}");
+    // Nothing of either turn is published before it is stored, and the
+    // answer is not stored, nor the run ended, before both turns are.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(rt.model().request_count(), 2);
+    assert_eq!(rt.event_types(&run).await, ["run_started"]);
+    assert_eq!(rt.model().request_count(), 3);
     assert!(!rt.run(&run).await.status.is_terminal());
     writes.open();
     let done = rt.wait_terminal(&run).await;
     assert_eq!(done.output.as_deref(), Some("Both are running."));
     let turns = commits_with_calls(&commits);
-    assert_eq!(turns.len(), 2, "one commit per turn, in order: {turns:?}");
+    assert_eq!(
+        turns.len(),
+        2,
+        "the first turn, then the one queued behind it: {turns:?}"
+    );
     let types = rt.event_types(&run).await;
     let plans = types.iter().filter(|t| **t == "react_plan").count();
     assert_eq!(plans, 2, "{types:?}");
+    assert_eq!(types.last(), Some(&"run_completed"), "{types:?}");
+    rt.model().assert_clean();
+}
+
+#[tokio::test]
+async fn turns_waiting_behind_a_slow_write_are_stored_in_one_commit() {
+    let model = ScriptedModel::new::<Step>([
+        call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),
+        call_tool("furnace_status", json!({"furnace_id": "F2"})).into(),
+        call_tool("furnace_status", json!({"furnace_id": "F3"})).into(),
+        reply_text("All three are running.").into(),
+    ]);
+    let writes = Gate::new();
+    let (rt, commits) = recorded_with(
+        model,
+        vec![furnace_status()],
+        Results::WaitFor(writes.clone()),
+    )
+    .await;
+    let run = rt.start("How are F1, F2 and F3?").await;
+    rt.wait_until("the model is asked for its answer", || {
+        rt.model().request_count() >= 4
+    })
+    .await;
+    writes.open();
+    let done = rt.wait_terminal(&run).await;
+    assert_eq!(done.output.as_deref(), Some("All three are running."));
+    let turns = commits_with_calls(&commits);
+    let calls: Vec<usize> = turns
+        .iter()
+        .map(|c| c.iter().filter(|t| **t == "tool_call").count())
+        .collect();
+    assert_eq!(
+        calls,
+        [1, 2],
+        "the first turn alone, then the two that waited behind it: {turns:?}"
+    );
+    let types = rt.event_types(&run).await;
+    let results = types.iter().filter(|t| **t == "tool_result").count();
+    assert_eq!(results, 3, "{types:?}");
     assert_eq!(types.last(), Some(&"run_completed"), "{types:?}");
     rt.model().assert_clean();
 }

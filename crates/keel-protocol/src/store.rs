@@ -49,6 +49,42 @@ pub struct RunPatch {
     pub state: Option<String>,
 }
 
+impl RunPatch {
+    /// Every field `later` sets replaces this one's.
+    pub fn absorb(&mut self, later: RunPatch) {
+        let RunPatch {
+            status,
+            output,
+            pending,
+            steps,
+            usage,
+            error,
+            state,
+        } = later;
+        if status.is_some() {
+            self.status = status;
+        }
+        if output.is_some() {
+            self.output = output;
+        }
+        if pending.is_some() {
+            self.pending = pending;
+        }
+        if steps.is_some() {
+            self.steps = steps;
+        }
+        if usage.is_some() {
+            self.usage = usage;
+        }
+        if error.is_some() {
+            self.error = error;
+        }
+        if state.is_some() {
+            self.state = state;
+        }
+    }
+}
+
 /// One atomic write: events are numbered in order after the run's last seq.
 #[derive(Debug, Clone, Default)]
 pub struct Commit {
@@ -60,6 +96,19 @@ pub struct Commit {
 }
 
 impl Commit {
+    /// Makes this commit also carry `later`, written after it: one write
+    /// then stores both, as if they had been written one after the other.
+    pub fn absorb(&mut self, later: Commit) {
+        self.events.extend(later.events);
+        self.messages.extend(later.messages);
+        self.approvals.extend(later.approvals);
+        match (&mut self.patch, later.patch) {
+            (Some(patch), Some(later)) => patch.absorb(later),
+            (patch @ None, later) => *patch = later,
+            (Some(_), None) => {}
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
             && self.messages.is_empty()
@@ -257,4 +306,70 @@ pub trait ApprovalStore: Send + Sync {
         by: &str,
         reason: &str,
     ) -> Result<ApprovalRecord, StoreError>;
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::{EventKind, Message};
+
+    fn answer(text: &str) -> EventKind {
+        EventKind::Final {
+            answer: text.into(),
+        }
+    }
+
+    #[test]
+    fn an_absorbed_commit_follows_and_its_patch_fields_win() {
+        let mut first = Commit {
+            events: vec![answer("a")],
+            messages: vec![Message::user("one")],
+            patch: Some(RunPatch {
+                steps: Some(1),
+                state: Some("s1".into()),
+                output: Some("kept".into()),
+                ..RunPatch::default()
+            }),
+            approvals: Vec::new(),
+        };
+        first.absorb(Commit {
+            events: vec![answer("b")],
+            messages: vec![Message::user("two")],
+            patch: Some(RunPatch {
+                steps: Some(2),
+                state: Some("s2".into()),
+                pending: Some(None),
+                ..RunPatch::default()
+            }),
+            approvals: Vec::new(),
+        });
+        let kinds: Vec<_> = first.events.iter().map(|e| format!("{e:?}")).collect();
+        assert!(
+            kinds[0].contains("\"a\"") && kinds[1].contains("\"b\""),
+            "{kinds:?}"
+        );
+        assert_eq!(
+            first.messages,
+            vec![Message::user("one"), Message::user("two")]
+        );
+        let patch = first.patch.unwrap();
+        assert_eq!(patch.steps, Some(2));
+        assert_eq!(patch.state.as_deref(), Some("s2"));
+        assert_eq!(patch.output.as_deref(), Some("kept"), "unset later: kept");
+        assert!(
+            matches!(patch.pending, Some(None)),
+            "a clear is a change too"
+        );
+
+        let mut bare = Commit::default();
+        bare.absorb(Commit {
+            patch: Some(RunPatch {
+                steps: Some(3),
+                ..RunPatch::default()
+            }),
+            ..Commit::default()
+        });
+        assert_eq!(bare.patch.unwrap().steps, Some(3));
+    }
 }

@@ -12,6 +12,7 @@
 mod apply;
 mod approval;
 mod ask;
+mod behind;
 mod client;
 mod compact;
 mod course;
@@ -127,9 +128,9 @@ pub(crate) struct RunActor {
     /// The provider's encoding of the history it was last sent: each model
     /// call of the run encodes only what is new.
     wire_cache: keel_protocol::WireCache,
-    /// A commit still being written while the run goes on (see
-    /// `commit_behind`); every later write waits for it first.
-    writing: Option<tokio::task::JoinHandle<Result<(), StoreError>>>,
+    /// Commits still being written while the run goes on (see
+    /// `commit_behind`); every later write waits for them first.
+    writing: Option<behind::Behind>,
 }
 
 pub(crate) struct ActorInit {
@@ -532,30 +533,40 @@ impl RunActor {
     /// every part is in this one commit (plan, decision, call and result of
     /// an idempotent call): until it is stored, a node that dies redoes the
     /// turn from the model's question, as it would have before the commit
-    /// began. Its events are published once stored, and every later write
-    /// waits for it, so the run's commits keep their order and a failure
-    /// (a lost lease) stops the run at its next write. A stalled node's
-    /// next tool call is still checked against its lease (`hold_lease`).
+    /// began. A turn made while an earlier one is still being written waits
+    /// behind it, merged with the others waiting, as long as at most
+    /// [`behind::MAX_UNSTORED_TURNS`] are unstored; past that the run waits
+    /// for the store. A node that dies loses those turns, which the resumed
+    /// run makes again.
+    /// Events are published once stored, and every other write waits for
+    /// these, so the run's commits keep their order and a failure (a lost
+    /// lease) stops the run at its next write. A stalled node's next tool
+    /// call is still checked against its lease (`hold_lease`).
     async fn commit_behind(
         &mut self,
         events: Vec<EventKind>,
         messages: Vec<Message>,
     ) -> Result<(), Exit> {
-        self.written_behind().await?;
+        self.check_behind().await?;
         let (commit, state) =
             self.prepare_commit(events, messages, RunPatch::default(), Vec::new())?;
         if let Some(state) = state {
             self.written_state = state;
         }
-        let shared = self.shared.clone();
-        let run_id = self.run_id.clone();
-        let agent_id = self.agent.config.id.clone();
-        let write = async move {
-            let published = shared.coord.commit(&run_id, commit).await?;
-            publish(&shared, &agent_id, published);
-            Ok(())
+        let commit = match &self.writing {
+            Some(writing) => match writing.queue(commit) {
+                None => return Ok(()),
+                Some(commit) => commit,
+            },
+            None => commit,
         };
-        self.writing = Some(tokio::spawn(tracing::Instrument::in_current_span(write)));
+        self.written_behind().await?;
+        self.writing = Some(behind::Behind::start(
+            self.shared.clone(),
+            self.run_id.clone(),
+            self.agent.config.id.clone(),
+            commit,
+        ));
         // The write starts now, not whenever the run next waits: on a busy
         // worker, the new task would otherwise queue behind the model call's
         // own tasks, and its round trip to the store would overlap nothing.
@@ -616,31 +627,26 @@ impl RunActor {
             .map_err(|e| self.write_failed(e))
     }
 
-    /// A commit written behind the run that has already failed stops the
-    /// run now, before its next model or tool call; one still being
-    /// written is not waited for.
+    /// Commits written behind the run that have already failed stop the
+    /// run now, before its next model or tool call; ones still being
+    /// written are not waited for.
     async fn check_behind(&mut self) -> Result<(), Exit> {
         if self
             .writing
             .as_ref()
-            .is_some_and(tokio::task::JoinHandle::is_finished)
+            .is_some_and(behind::Behind::is_finished)
         {
             self.written_behind().await?;
         }
         Ok(())
     }
 
-    /// Waits for the commit being written behind the run, if any.
+    /// Waits for the commits being written behind the run, if any.
     async fn written_behind(&mut self) -> Result<(), Exit> {
         let Some(writing) = self.writing.take() else {
             return Ok(());
         };
-        match writing.await {
-            Ok(written) => written.map_err(|e| self.write_failed(e)),
-            Err(e) => Err(Exit::Store(StoreError::Backend(format!(
-                "the task writing a commit failed: {e}"
-            )))),
-        }
+        writing.written().await.map_err(|e| self.write_failed(e))
     }
 
     fn write_failed(&self, e: StoreError) -> Exit {
