@@ -123,13 +123,7 @@ fn restart_furnace() -> keel_test_support::harness::TestTool {
 
 #[tokio::test]
 async fn each_turn_of_quick_idempotent_calls_is_stored_whole_in_one_commit() {
-    let model = ScriptedModel::new::<Step>([
-        call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),
-        call_tool("furnace_status", json!({"furnace_id": "F2"})).into(),
-        call_tool("furnace_status", json!({"furnace_id": "F3"})).into(),
-        reply_text("All three are running.").into(),
-    ]);
-    let (rt, commits) = recorded(model, vec![furnace_status()]).await;
+    let (rt, commits) = recorded(three_status_turns(), vec![furnace_status()]).await;
     let run = rt.start("How are F1, F2 and F3?").await;
     let done = rt.wait_terminal(&run).await;
     assert_eq!(done.output.as_deref(), Some("All three are running."));
@@ -241,6 +235,29 @@ async fn a_slow_idempotent_call_shows_in_the_stream_while_it_runs() {
     rt.model().assert_clean();
 }
 
+/// A runtime with the status tool whose commits with a tool result wait
+/// until the returned gate opens.
+async fn gated(model: ScriptedModel) -> (TestRuntime, Commits, Gate) {
+    let writes = Gate::new();
+    let (rt, commits) = recorded_with(
+        model,
+        vec![furnace_status()],
+        Results::WaitFor(writes.clone()),
+    )
+    .await;
+    (rt, commits, writes)
+}
+
+/// Three turns of one idempotent call each, then the answer.
+fn three_status_turns() -> ScriptedModel {
+    ScriptedModel::new::<Step>([
+        call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),
+        call_tool("furnace_status", json!({"furnace_id": "F2"})).into(),
+        call_tool("furnace_status", json!({"furnace_id": "F3"})).into(),
+        reply_text("All three are running.").into(),
+    ])
+}
+
 /// Two turns of one idempotent call each, then the answer.
 fn two_status_turns() -> ScriptedModel {
     ScriptedModel::new::<Step>([
@@ -252,14 +269,7 @@ fn two_status_turns() -> ScriptedModel {
 
 #[tokio::test]
 async fn the_model_is_asked_again_while_earlier_turns_are_written() {
-    let model = two_status_turns();
-    let writes = Gate::new();
-    let (rt, commits) = recorded_with(
-        model,
-        vec![furnace_status()],
-        Results::WaitFor(writes.clone()),
-    )
-    .await;
+    let (rt, commits, writes) = gated(two_status_turns()).await;
     let run = rt.start("How are F1 and F2?").await;
     // The first turn's commit cannot finish before the gate opens; the
     // model is asked again anyway, with the turn's result.
@@ -305,19 +315,7 @@ async fn the_model_is_asked_again_while_earlier_turns_are_written() {
 
 #[tokio::test]
 async fn turns_waiting_behind_a_slow_write_are_stored_in_one_commit() {
-    let model = ScriptedModel::new::<Step>([
-        call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),
-        call_tool("furnace_status", json!({"furnace_id": "F2"})).into(),
-        call_tool("furnace_status", json!({"furnace_id": "F3"})).into(),
-        reply_text("All three are running.").into(),
-    ]);
-    let writes = Gate::new();
-    let (rt, commits) = recorded_with(
-        model,
-        vec![furnace_status()],
-        Results::WaitFor(writes.clone()),
-    )
-    .await;
+    let (rt, commits, writes) = gated(three_status_turns()).await;
     let run = rt.start("How are F1, F2 and F3?").await;
     rt.wait_until("the model is asked for its answer", || {
         rt.model().request_count() >= 4

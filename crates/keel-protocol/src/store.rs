@@ -61,27 +61,13 @@ impl RunPatch {
             error,
             state,
         } = later;
-        if status.is_some() {
-            self.status = status;
-        }
-        if output.is_some() {
-            self.output = output;
-        }
-        if pending.is_some() {
-            self.pending = pending;
-        }
-        if steps.is_some() {
-            self.steps = steps;
-        }
-        if usage.is_some() {
-            self.usage = usage;
-        }
-        if error.is_some() {
-            self.error = error;
-        }
-        if state.is_some() {
-            self.state = state;
-        }
+        self.status = status.or(self.status);
+        self.output = output.or(self.output.take());
+        self.pending = pending.or(self.pending.take());
+        self.steps = steps.or(self.steps);
+        self.usage = usage.or(self.usage.take());
+        self.error = error.or(self.error.take());
+        self.state = state.or(self.state.take());
     }
 }
 

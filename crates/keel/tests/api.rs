@@ -385,20 +385,15 @@ async fn a_request_head_past_8_kb_is_431_and_the_server_goes_on() {
     let tools = ToolServer::start().await;
     let keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
     let http = reqwest::Client::new();
+    let health_with_header_of = |bytes: usize| {
+        http.get(keel.url("/healthz"))
+            .header("x-trace-context", "t".repeat(bytes))
+            .send()
+    };
     // A long header that still fits (a large token, say) is served.
-    let fits = http
-        .get(keel.url("/healthz"))
-        .header("x-trace-context", "t".repeat(6 * 1024))
-        .send()
-        .await
-        .unwrap();
+    let fits = health_with_header_of(6 * 1024).await.unwrap();
     assert_eq!(fits.status().as_u16(), 200);
-    let refused = http
-        .get(keel.url("/healthz"))
-        .header("x-trace-context", "t".repeat(9 * 1024))
-        .send()
-        .await
-        .unwrap();
+    let refused = health_with_header_of(9 * 1024).await.unwrap();
     assert_eq!(refused.status().as_u16(), 431);
     let (code, _) = keel.get("/healthz", None).await;
     assert_eq!(code, 200, "the server still answers");
