@@ -158,33 +158,52 @@ async fn a_failed_request_does_not_spoil_its_batch() {
         .create_run(store_suite::new_run(&tenant, "s"))
         .await
         .unwrap();
-    // Good and bad commits raced so that they share transactions.
+    let taken = store_suite::approval(&run, "c0");
+    store
+        .commit(
+            &run.id,
+            Commit {
+                approvals: vec![taken.clone()],
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    // Good and bad commits raced so that they share transactions. Half of
+    // the bad ones fail before writing (an unknown run), half after their
+    // events and messages are written (an approval id that is taken): what
+    // they wrote must be undone without undoing their neighbours.
     let mut handles = Vec::new();
     for i in 0..40u32 {
         let store = Arc::clone(&store);
-        let target = if i % 2 == 0 {
-            run.id.clone()
-        } else {
-            keel_protocol::new_id("run")
+        let mut commit = Commit {
+            approvals: Vec::new(),
+            events: vec![EventKind::MessageDelta {
+                text: i.to_string(),
+            }],
+            messages: vec![Message::user(i.to_string())],
+            patch: None,
+        };
+        let target = match i % 4 {
+            1 => keel_protocol::new_id("run"),
+            3 => {
+                let mut clash = store_suite::approval(&run, &format!("c{i}"));
+                clash.id = taken.id.clone();
+                commit.approvals.push(clash);
+                run.id.clone()
+            }
+            _ => run.id.clone(),
         };
         handles.push(tokio::spawn(async move {
-            let commit = Commit {
-                approvals: Vec::new(),
-                events: vec![EventKind::MessageDelta {
-                    text: i.to_string(),
-                }],
-                messages: vec![Message::user(i.to_string())],
-                patch: None,
-            };
             (i, store.commit(&target, commit).await)
         }));
     }
     for handle in handles {
         let (i, result) = handle.await.unwrap();
-        if i % 2 == 0 {
-            assert_eq!(result.unwrap().len(), 1);
-        } else {
-            assert!(matches!(result, Err(StoreError::NotFound)));
+        match i % 4 {
+            1 => assert!(matches!(result, Err(StoreError::NotFound)), "{result:?}"),
+            3 => assert!(result.is_err(), "a taken approval id is refused"),
+            _ => assert_eq!(result.unwrap().len(), 1),
         }
     }
     let events = store.events_after(&run.id, 0, 1000).await.unwrap();
@@ -192,6 +211,14 @@ async fn a_failed_request_does_not_spoil_its_batch() {
         events.iter().map(|e| e.seq).collect::<Vec<_>>(),
         (1..=20).collect::<Vec<_>>()
     );
+    let texts: Vec<u32> = events
+        .iter()
+        .map(|e| match &e.kind {
+            EventKind::MessageDelta { text } => text.parse().unwrap(),
+            other => panic!("unexpected event {other:?}"),
+        })
+        .collect();
+    assert!(texts.iter().all(|i| i % 2 == 0), "{texts:?}");
     assert_eq!(store.history(&run.id).await.unwrap().len(), 20);
 }
 

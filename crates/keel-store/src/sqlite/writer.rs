@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rusqlite::{Connection, Savepoint, Transaction, TransactionBehavior};
+use rusqlite::{Connection, Transaction, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 use keel_protocol::{ApprovalRecord, ApprovalStatus, Commit, Event, NewRun, RunRecord, StoreError};
@@ -206,7 +206,7 @@ fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = Wri
         apply_single(conn, op);
         return;
     }
-    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => {
             let message = format!("starting write transaction: {e}");
@@ -222,7 +222,7 @@ fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = Wri
             op.reject(message);
             continue;
         }
-        let (done, failure) = apply_one(&mut tx, op);
+        let (done, failure) = apply_one(&tx, op);
         applied.push(done);
         broken = failure;
     }
@@ -302,28 +302,27 @@ fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 /// leaves no trace while the others of the batch still commit. The second
 /// value is set when the savepoint itself failed: the transaction can no
 /// longer be trusted and the whole batch must roll back.
-fn apply_one(tx: &mut Transaction<'_>, op: WriteOp) -> (Applied, Option<String>) {
-    let sp = match tx.savepoint() {
-        Ok(sp) => sp,
-        Err(e) => {
-            let message = format!("opening savepoint: {e}");
-            let applied = match op {
-                WriteOp::CreateRun { reply, .. } => {
-                    Applied::CreateRun(reply, Box::new(backend(&message)))
-                }
-                WriteOp::Commit { reply, .. } => Applied::Commit(reply, backend(&message)),
-                WriteOp::Decide { reply, .. } => {
-                    Applied::Decide(reply, Box::new(backend(&message)))
-                }
-                WriteOp::Exec { reply, .. } => Applied::Exec(reply, backend(&message)),
-            };
-            return (applied, Some(message));
-        }
-    };
+///
+/// The savepoint statements are cached: rusqlite's `Savepoint` names each
+/// one anew and has SQLite parse it every time, a cost paid per request in
+/// every batch.
+fn apply_one(tx: &Transaction<'_>, op: WriteOp) -> (Applied, Option<String>) {
+    let conn: &Connection = tx;
+    if let Err(e) = exec_cached(conn, "SAVEPOINT keel_request") {
+        let message = format!("opening savepoint: {e}");
+        let applied = match op {
+            WriteOp::CreateRun { reply, .. } => {
+                Applied::CreateRun(reply, Box::new(backend(&message)))
+            }
+            WriteOp::Commit { reply, .. } => Applied::Commit(reply, backend(&message)),
+            WriteOp::Decide { reply, .. } => Applied::Decide(reply, Box::new(backend(&message))),
+            WriteOp::Exec { reply, .. } => Applied::Exec(reply, backend(&message)),
+        };
+        return (applied, Some(message));
+    }
     match op {
         WriteOp::CreateRun { run, reply } => {
-            let result = writes::create_run(&sp, run);
-            let (result, failure) = settle(sp, result);
+            let (result, failure) = settle(conn, writes::create_run(conn, run));
             (Applied::CreateRun(reply, Box::new(result)), failure)
         }
         WriteOp::Commit {
@@ -331,8 +330,7 @@ fn apply_one(tx: &mut Transaction<'_>, op: WriteOp) -> (Applied, Option<String>)
             commit,
             reply,
         } => {
-            let result = writes::commit(&sp, &run_id, commit);
-            let (result, failure) = settle(sp, result);
+            let (result, failure) = settle(conn, writes::commit(conn, &run_id, commit));
             (Applied::Commit(reply, result), failure)
         }
         WriteOp::Decide {
@@ -343,34 +341,34 @@ fn apply_one(tx: &mut Transaction<'_>, op: WriteOp) -> (Applied, Option<String>)
             reason,
             reply,
         } => {
-            let result = super::approvals::decide(&sp, &tenant, &id, decision, &by, &reason);
-            let (result, failure) = settle(sp, result);
+            let result = super::approvals::decide(conn, &tenant, &id, decision, &by, &reason);
+            let (result, failure) = settle(conn, result);
             (Applied::Decide(reply, Box::new(result)), failure)
         }
         WriteOp::Exec { run, reply } => {
-            let result = run(&sp);
-            let (result, failure) = settle(sp, result);
+            let (result, failure) = settle(conn, run(conn));
             (Applied::Exec(reply, result), failure)
         }
     }
 }
 
-/// Releases the savepoint of a request that succeeded, rolls back one that failed.
+/// Releases the savepoint of a request that succeeded; rolls back to it,
+/// then releases it, for one that failed.
 fn settle<T>(
-    sp: Savepoint<'_>,
+    conn: &Connection,
     result: Result<T, StoreError>,
 ) -> (Result<T, StoreError>, Option<String>) {
     match result {
-        Ok(value) => match sp.commit() {
+        Ok(value) => match exec_cached(conn, "RELEASE keel_request") {
             Ok(()) => (Ok(value), None),
             Err(e) => {
                 let message = format!("releasing savepoint: {e}");
                 (Err(StoreError::Backend(message.clone())), Some(message))
             }
         },
-        // The default drop behaviour of a savepoint is to roll back; finish()
-        // does the same but reports whether it worked.
-        Err(err) => match sp.finish() {
+        Err(err) => match exec_cached(conn, "ROLLBACK TO keel_request")
+            .and_then(|()| exec_cached(conn, "RELEASE keel_request"))
+        {
             Ok(()) => (Err(err), None),
             Err(e) => (Err(err), Some(format!("rolling back savepoint: {e}"))),
         },
