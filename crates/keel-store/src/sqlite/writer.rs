@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rusqlite::{Connection, Transaction, TransactionBehavior};
+use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 use keel_protocol::{ApprovalRecord, ApprovalStatus, Commit, Event, NewRun, RunRecord, StoreError};
@@ -222,6 +222,14 @@ fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = Wri
             op.reject(message);
             continue;
         }
+        // A savepoint that cannot be opened leaves the transaction
+        // untrusted: the whole batch rolls back.
+        if let Err(e) = exec_cached(&tx, "SAVEPOINT keel_request") {
+            let message = format!("opening savepoint: {e}");
+            op.reject(&message);
+            broken = Some(message);
+            continue;
+        }
         let (done, failure) = apply_one(&tx, op);
         applied.push(done);
         broken = failure;
@@ -298,28 +306,16 @@ fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-/// Applies one request inside its own savepoint, so that a refused request
-/// leaves no trace while the others of the batch still commit. The second
-/// value is set when the savepoint itself failed: the transaction can no
-/// longer be trusted and the whole batch must roll back.
+/// Applies one request inside the savepoint just opened for it, so that a
+/// refused request leaves no trace while the others of the batch still
+/// commit. The second value is set when releasing or rolling back to the
+/// savepoint failed: the transaction can no longer be trusted and the whole
+/// batch must roll back.
 ///
 /// The savepoint statements are cached: rusqlite's `Savepoint` names each
 /// one anew and has SQLite parse it every time, a cost paid per request in
 /// every batch.
-fn apply_one(tx: &Transaction<'_>, op: WriteOp) -> (Applied, Option<String>) {
-    let conn: &Connection = tx;
-    if let Err(e) = exec_cached(conn, "SAVEPOINT keel_request") {
-        let message = format!("opening savepoint: {e}");
-        let applied = match op {
-            WriteOp::CreateRun { reply, .. } => {
-                Applied::CreateRun(reply, Box::new(backend(&message)))
-            }
-            WriteOp::Commit { reply, .. } => Applied::Commit(reply, backend(&message)),
-            WriteOp::Decide { reply, .. } => Applied::Decide(reply, Box::new(backend(&message))),
-            WriteOp::Exec { reply, .. } => Applied::Exec(reply, backend(&message)),
-        };
-        return (applied, Some(message));
-    }
+fn apply_one(conn: &Connection, op: WriteOp) -> (Applied, Option<String>) {
     match op {
         WriteOp::CreateRun { run, reply } => {
             let (result, failure) = settle(conn, writes::create_run(conn, run));
