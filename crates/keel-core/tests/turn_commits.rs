@@ -267,27 +267,26 @@ fn two_status_turns() -> ScriptedModel {
     ])
 }
 
+/// Waits until the model has been asked `n` times; its `n`th request.
+async fn nth_request(rt: &TestRuntime, n: usize, what: &str) -> keel_protocol::ModelRequest {
+    rt.wait_until(what, || rt.model().request_count() >= n)
+        .await;
+    rt.model().request(n - 1).unwrap()
+}
+
 #[tokio::test]
 async fn the_model_is_asked_again_while_earlier_turns_are_written() {
     let (rt, commits, writes) = gated(two_status_turns()).await;
     let run = rt.start("How are F1 and F2?").await;
     // The first turn's commit cannot finish before the gate opens; the
     // model is asked again anyway, with the turn's result.
-    rt.wait_until("the model is asked a second time", || {
-        rt.model().request_count() >= 2
-    })
-    .await;
-    let second = rt.model().request(1).unwrap();
+    let second = nth_request(&rt, 2, "the model is asked a second time").await;
     let results = keel_test_support::scripted::tool_messages(&second);
     assert_eq!(results.len(), 1, "{results:?}");
     assert!(results[0].1.contains("F1"), "{results:?}");
     // The second turn waits behind the first without holding the run up:
     // the model is asked for its answer with both results.
-    rt.wait_until("the model is asked a third time", || {
-        rt.model().request_count() >= 3
-    })
-    .await;
-    let third = rt.model().request(2).unwrap();
+    let third = nth_request(&rt, 3, "the model is asked a third time").await;
     let results = keel_test_support::scripted::tool_messages(&third);
     assert_eq!(results.len(), 2, "{results:?}");
     assert!(results[1].1.contains("F2"), "{results:?}");
