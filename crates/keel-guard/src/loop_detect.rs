@@ -196,10 +196,13 @@ pub struct CallHistory {
     outcomes: BTreeMap<String, u32>,
     /// The JSON of each record in `records`, made when it was recorded.
     encoded: persisted::EncodedRecords,
+    /// Which records in `records` show progress, kept as they come.
+    progress: progress::Progress,
 }
 
 impl PartialEq for CallHistory {
-    /// The encoded records are a copy of `records`, so they take no part.
+    /// The encoded records and the progress flags are derived from
+    /// `records`, so they take no part.
     fn eq(&self, other: &Self) -> bool {
         self.records == other.records
             && self.recorded == other.recorded
@@ -357,11 +360,13 @@ impl CallHistory {
             }
         }
         self.encoded.push(&self.records, &rec);
+        self.progress.push(&rec);
         self.records.push(rec);
         if self.records.len() > HISTORY_WINDOW {
             let excess = self.records.len() - HISTORY_WINDOW;
             self.records.drain(..excess);
             self.encoded.drop_oldest(excess);
+            self.progress = progress::Progress::of(&self.records);
         }
     }
 
@@ -439,28 +444,15 @@ impl CallHistory {
             .max_by_key(|h| h.level)
     }
 
-    /// For each record: whether its call returned something different from
-    /// that call's previous run. Such a change is progress, and progress
-    /// anywhere excuses repeating a call that merely waits for it (`wait`
-    /// between polls, re-reading a file another call keeps changing).
-    fn changed_flags(&self) -> Vec<bool> {
-        let mut last: BTreeMap<&str, &str> = BTreeMap::new();
-        self.records
-            .iter()
-            .map(|r| match r.outcome.as_deref() {
-                Some(outcome) => last
-                    .insert(r.call.as_str(), outcome)
-                    .is_some_and(|previous| previous != outcome),
-                None => false,
-            })
-            .collect()
-    }
-
+    /// A record whose call returned something different from that call's
+    /// previous run is progress, and progress anywhere excuses repeating a
+    /// call that merely waits for it (`wait` between polls, re-reading a
+    /// file another call keeps changing).
     fn repeat(&self, tool: &str, call: &str, poll: bool, s: &LoopDetection) -> Option<LoopHit> {
-        let changed = self.changed_flags();
+        let changed = self.progress.flags();
         let mut streak: u32 = 0;
         let mut latest: Option<&str> = None;
-        for (r, changed) in self.records.iter().zip(changed).rev() {
+        for (r, &changed) in self.records.iter().zip(changed).rev() {
             if r.call != call || r.tool != tool {
                 if changed {
                     break;
@@ -787,5 +779,6 @@ fn write_string(s: &str, out: &mut String) {
 }
 
 mod persisted;
+mod progress;
 #[cfg(test)]
 mod tests;

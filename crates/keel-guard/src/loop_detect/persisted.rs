@@ -85,6 +85,7 @@ impl<'de> Deserialize<'de> for CallHistory {
         } = Stored::deserialize(deserializer)?;
         Ok(CallHistory {
             encoded: EncodedRecords::of(&records),
+            progress: super::progress::Progress::of(&records),
             records,
             recorded,
             executed,

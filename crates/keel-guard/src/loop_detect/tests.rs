@@ -952,3 +952,46 @@ fn a_blocked_call_keeps_its_place_in_a_ping_pong() {
         (Detector::PingPong, Level::Critical)
     );
 }
+
+/// Progress flags worked out from the whole window, as `repeat` once did
+/// on every check.
+fn flags_from_scratch(records: &[CallRecord]) -> Vec<bool> {
+    let mut last: BTreeMap<&str, &str> = BTreeMap::new();
+    records
+        .iter()
+        .map(|r| match r.outcome.as_deref() {
+            Some(outcome) => last
+                .insert(r.call.as_str(), outcome)
+                .is_some_and(|previous| previous != outcome),
+            None => false,
+        })
+        .collect()
+}
+
+#[test]
+fn progress_kept_as_records_come_matches_the_whole_window() {
+    // Five calls cycling, their outputs changing every few runs, with
+    // blocked calls between: past the window's cut and after a restore,
+    // the kept flags are those of the window worked out from scratch.
+    let mut h = CallHistory::default();
+    for i in 0..(HISTORY_WINDOW + 40) {
+        let key = i % 5;
+        let step = if i % 7 == 0 {
+            loop_blocked("read", json!({"k": key}))
+        } else {
+            ok("read", json!({"k": key}), format!("v{}", i / 11))
+        };
+        h.record(record_of(&step));
+        assert_eq!(
+            h.progress.flags(),
+            flags_from_scratch(h.records()),
+            "after {i}"
+        );
+    }
+    let restored: CallHistory = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+    assert_eq!(
+        restored.progress.flags(),
+        flags_from_scratch(restored.records())
+    );
+    assert!(restored.progress.flags().iter().any(|&c| c));
+}
