@@ -193,9 +193,9 @@ poll = true
 /// gives a test the binaries of its own package only, so the cargo that
 /// built the tests builds it here, once per test process. Selecting `keel`
 /// too makes it resolve features as a `cargo test -p keel` build does, and
-/// the variables cargo sets for a running test are removed (build scripts
-/// such as ring's watch `CARGO_MANIFEST_DIR`), so the dependencies already
-/// compiled are reused and only the binary is linked.
+/// the variables cargo sets for a running test are removed (a build script
+/// that watches one, such as `CARGO_MANIFEST_DIR`, would run again), so the
+/// dependencies already compiled are reused and only the binary is linked.
 pub fn mcp_fixture() -> PathBuf {
     static FIXTURE: OnceLock<PathBuf> = OnceLock::new();
     FIXTURE
