@@ -3,12 +3,10 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use keel_protocol::{ToolOutput, ToolSpec};
 use rmcp::model::{CallToolResult, ListToolsResult, ServerJsonRpcMessage, ServerResult};
 use serde_json::Value;
 
-use super::http_client::sse_events;
 use super::tool::{RemoteTool, ServerDefaults, to_output};
 
 /// The server name the converted tools are prefixed with.
@@ -68,19 +66,4 @@ fn specs(list: ListToolsResult) -> impl Iterator<Item = ToolSpec> {
         )
         .map(RemoteTool::into_spec)
     })
-}
-
-/// An SSE body arriving in `chunks`, split into events by the same code as
-/// a live stream, with events over `max_event` bytes refused. Each item is
-/// an event's `data`, or the error the stream reported.
-pub async fn sse_body(
-    chunks: Vec<Vec<u8>>,
-    max_event: usize,
-) -> Vec<Result<Option<String>, String>> {
-    let body = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
-    let response = reqwest::Response::from(::http::Response::new(reqwest::Body::wrap_stream(body)));
-    sse_events(response, max_event)
-        .map(|event| event.map(|e| e.data).map_err(|e| e.to_string()))
-        .collect()
-        .await
 }
