@@ -227,60 +227,52 @@ mod tests {
         (answer, notified)
     }
 
-    #[tokio::test]
-    async fn a_404_on_a_session_is_a_lost_session() {
-        let base = server().await;
-        let (answer, notified) = post_ping(&base, "/gone", Some("s1")).await;
+    /// The answer is a lost session, and `session_lost` was woken.
+    fn assert_lost((answer, notified): (Result<StreamableHttpPostResponse, Error>, bool)) {
         assert!(
             matches!(answer, Err(StreamableHttpError::SessionExpired)),
             "{answer:?}"
         );
         assert!(notified);
+    }
+
+    /// The server's JSON-RPC error is passed on, and nothing was woken.
+    fn assert_passed_on((answer, notified): (Result<StreamableHttpPostResponse, Error>, bool)) {
+        assert!(
+            matches!(
+                answer,
+                Ok(StreamableHttpPostResponse::Json(
+                    ServerJsonRpcMessage::Error(_),
+                    _
+                ))
+            ),
+            "{answer:?}"
+        );
+        assert!(!notified);
+    }
+
+    #[tokio::test]
+    async fn a_404_on_a_session_is_a_lost_session() {
+        let base = server().await;
+        assert_lost(post_ping(&base, "/gone", Some("s1")).await);
     }
 
     #[tokio::test]
     async fn an_error_naming_no_request_on_a_session_is_a_lost_session() {
         let base = server().await;
-        let (answer, notified) = post_ping(&base, "/forgot", Some("s1")).await;
-        assert!(
-            matches!(answer, Err(StreamableHttpError::SessionExpired)),
-            "{answer:?}"
-        );
-        assert!(notified);
+        assert_lost(post_ping(&base, "/forgot", Some("s1")).await);
     }
 
     #[tokio::test]
     async fn an_error_about_the_request_is_passed_on() {
         let base = server().await;
-        let (answer, notified) = post_ping(&base, "/refused", Some("s1")).await;
-        assert!(
-            matches!(
-                answer,
-                Ok(StreamableHttpPostResponse::Json(
-                    ServerJsonRpcMessage::Error(_),
-                    _
-                ))
-            ),
-            "{answer:?}"
-        );
-        assert!(!notified);
+        assert_passed_on(post_ping(&base, "/refused", Some("s1")).await);
     }
 
     #[tokio::test]
     async fn without_a_session_nothing_is_lost() {
         let base = server().await;
-        let (answer, notified) = post_ping(&base, "/forgot", None).await;
-        assert!(
-            matches!(
-                answer,
-                Ok(StreamableHttpPostResponse::Json(
-                    ServerJsonRpcMessage::Error(_),
-                    _
-                ))
-            ),
-            "{answer:?}"
-        );
-        assert!(!notified);
+        assert_passed_on(post_ping(&base, "/forgot", None).await);
         let (answer, notified) = post_ping(&base, "/gone", None).await;
         assert!(answer.is_err(), "{answer:?}");
         assert!(!notified);
