@@ -313,6 +313,9 @@ enum Piece {
 #[derive(Debug, Clone)]
 struct UrlTemplate {
     pieces: Vec<Piece>,
+    /// The URL itself when it has no placeholders: every call uses it as
+    /// it is, and parsing a URL costs more than the rest of a call's setup.
+    fixed: Option<Url>,
 }
 
 impl UrlTemplate {
@@ -340,15 +343,19 @@ impl UrlTemplate {
         if !rest.is_empty() {
             pieces.push(Piece::Literal(rest.to_owned()));
         }
-        let sample = Self {
-            pieces: pieces.clone(),
-        }
-        .fill(|_| "x".to_owned());
+        let mut parsed = Self {
+            pieces,
+            fixed: None,
+        };
+        let sample = parsed.fill(|_| "x".to_owned());
         let url = Url::parse(&sample).map_err(|e| format!("invalid URL {template}: {e}"))?;
         if url.scheme() != "http" && url.scheme() != "https" {
             return Err(format!("URL {template} is not http or https"));
         }
-        Ok(Self { pieces })
+        if parsed.params().next().is_none() {
+            parsed.fixed = Some(url);
+        }
+        Ok(parsed)
     }
 
     fn params(&self) -> impl Iterator<Item = &str> {
@@ -371,6 +378,9 @@ impl UrlTemplate {
 
     /// Fills the placeholders, removing the arguments it used from `args`.
     fn render(&self, args: &mut Map<String, Value>) -> Result<Url, ToolError> {
+        if let Some(url) = &self.fixed {
+            return Ok(url.clone());
+        }
         let mut missing = None;
         let text = self.fill(|name| match args.remove(name) {
             Some(v) if !v.is_null() => {
@@ -405,6 +415,20 @@ mod tests {
         let url = t.render(&mut args).unwrap();
         assert_eq!(url.as_str(), "http://127.0.0.1:9/f/a%2Fb%20c%3F%23/x?k=1");
         assert_eq!(args.len(), 1, "used arguments are removed");
+    }
+
+    #[test]
+    fn a_template_without_placeholders_is_the_url_itself() {
+        let t = UrlTemplate::parse("http://127.0.0.1:9/lookup?k=1").unwrap();
+        let mut args = json!({"key": "a"}).as_object().unwrap().clone();
+        let url = t.render(&mut args).unwrap();
+        assert_eq!(url.as_str(), "http://127.0.0.1:9/lookup?k=1");
+        assert_eq!(
+            args.len(),
+            1,
+            "the arguments are left for the query or body"
+        );
+        assert!(UrlTemplate::parse("ftp://h/x").is_err());
     }
 
     #[test]

@@ -386,12 +386,12 @@ impl RunActor {
             return self.commit(events, vec![result]).await;
         };
         let tool = reg.tool.clone();
-        let spec = reg.spec.clone();
+        let (idempotent, timeout) = (reg.spec.idempotent, reg.spec.timeout);
         let args = cleared.into_args();
         let fingerprint = call_fingerprint(&call.name, &args);
         let args_text = args.to_string();
         self.count_call(call, &args, &mut events);
-        let start_held = spec.idempotent && self.turn_is_held();
+        let start_held = idempotent && self.turn_is_held();
         if start_held {
             self.hold(events, Vec::new());
         } else {
@@ -409,7 +409,6 @@ impl RunActor {
             call_id: call.id.clone(),
         };
         let started = StdInstant::now();
-        let timeout = spec.timeout;
         let span = crate::otel::execute_tool(&call.name, &call.id, &self.run_id, &args_text);
         let running = tracing::Instrument::instrument(
             async {

@@ -82,6 +82,10 @@ pub(crate) enum Flow {
     Answered(Answer),
 }
 
+/// Room left past the loop state's last length when it is serialized
+/// again: a call record and its outcome take about 120 bytes.
+const STATE_SLACK: usize = 512;
+
 /// A commit under way (see `RunActor::commit`).
 type Committing<'a> = futures::future::BoxFuture<'a, Result<(), Exit>>;
 
@@ -590,9 +594,17 @@ impl RunActor {
         self.scrub_approvals(&mut approvals);
         patch.steps = Some(self.steps);
         patch.usage = Some(self.usage);
+        // Between two commits the state grows by a call record or two, so
+        // the last one's length sizes the buffer: the text is written
+        // without the buffer growing, and being copied, on the way.
+        let capacity = self.written_state.len() + STATE_SLACK;
         let serialize = |state: &LoopState| {
-            serde_json::to_string(state)
-                .map_err(|e| StoreError::Backend(format!("serializing the loop state: {e}")))
+            let failed = |e: &dyn std::fmt::Display| {
+                StoreError::Backend(format!("serializing the loop state: {e}"))
+            };
+            let mut text = Vec::with_capacity(capacity);
+            serde_json::to_writer(&mut text, state).map_err(|e| failed(&e))?;
+            String::from_utf8(text).map_err(|e| failed(&e))
         };
         let mut state = serialize(&self.state)?;
         if self.scrub_state(&state) {
