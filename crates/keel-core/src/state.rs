@@ -20,7 +20,9 @@ pub struct LoopState {
     pub waiting: Option<Waiting>,
     #[serde(default)]
     pub awaiting_approval: Option<AwaitingApproval>,
-    /// Every call of this run as loop detection sees it.
+    /// Every call of this run as loop detection sees it. Only its counters
+    /// are part of the state: each commit hands the store the records made
+    /// since the last, and a loaded run gets them back from there.
     #[serde(default)]
     pub calls: keel_guard::loop_detect::CallHistory,
     /// Critical loop hits so far: the first blocks a call, the second ends the run.

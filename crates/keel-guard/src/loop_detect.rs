@@ -182,8 +182,9 @@ impl CallRecord {
 
 /// One run's call history. Belongs to a single run (a follow-up or a new
 /// run starts from an empty one), and is persisted with it, so detection
-/// survives a restart. Its JSON form is `{records, recorded, executed,
-/// outcomes}` (see [`persisted`]).
+/// survives a restart: its counters as JSON, `{recorded, executed,
+/// outcomes}`, with the run's state, and its records one by one, each
+/// once, beside it (see [`persisted`]).
 #[derive(Debug, Clone, Default)]
 pub struct CallHistory {
     /// The last [`HISTORY_WINDOW`] records, oldest first.
@@ -198,11 +199,17 @@ pub struct CallHistory {
     encoded: persisted::EncodedRecords,
     /// Which records in `records` show progress, kept as they come.
     progress: progress::Progress,
+    /// Records up to this count (of `recorded`) are in the store; the
+    /// others go with the next commit ([`CallHistory::take_unstored`]).
+    stored: u32,
+    /// Loaded from a stored state, whose records are kept apart: they
+    /// are still to be put back ([`CallHistory::restore`]).
+    awaiting: bool,
 }
 
 impl PartialEq for CallHistory {
     /// The encoded records and the progress flags are derived from
-    /// `records`, so they take no part.
+    /// `records`, and what is stored is bookkeeping, so they take no part.
     fn eq(&self, other: &Self) -> bool {
         self.records == other.records
             && self.recorded == other.recorded
@@ -777,6 +784,7 @@ fn write_string(s: &str, out: &mut String) {
 }
 
 mod persisted;
+pub use persisted::BadRecord;
 mod progress;
 #[cfg(test)]
 mod tests;

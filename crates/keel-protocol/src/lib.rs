@@ -32,7 +32,7 @@ pub use redact::{REDACTED, Redactor, StreamRedactor};
 pub use run::{Budget, ErrorBody, Pending, RunRecord, RunStatus, Usage};
 pub use store::{
     ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, NewRun, RunFilter, RunPage, RunPatch,
-    Store, StoreError,
+    Store, StoreError, StoredCall,
 };
 pub use tool::{
     CallPlace, Risk, Tool, ToolContext, ToolError, ToolOutput, ToolSource, ToolSpec, Trust,

@@ -79,6 +79,19 @@ pub struct Commit {
     pub patch: Option<RunPatch>,
     /// Approvals to create (status `Pending`), in the same transaction.
     pub approvals: Vec<ApprovalRecord>,
+    /// Loop detection's records of the calls made since the last commit,
+    /// appended to the run's. They are kept apart from the run's state so
+    /// that a commit writes only the new ones, not the whole history.
+    pub calls: Vec<StoredCall>,
+}
+
+/// One of a run's call records, as loop detection encodes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCall {
+    /// Its place among the run's calls, from 1.
+    pub n: u32,
+    /// The record's JSON.
+    pub record: String,
 }
 
 impl Commit {
@@ -88,6 +101,7 @@ impl Commit {
         self.events.extend(later.events);
         self.messages.extend(later.messages);
         self.approvals.extend(later.approvals);
+        self.calls.extend(later.calls);
         match (&mut self.patch, later.patch) {
             (Some(patch), Some(later)) => patch.absorb(later),
             (patch @ None, later) => *patch = later,
@@ -100,6 +114,7 @@ impl Commit {
             && self.messages.is_empty()
             && self.patch.is_none()
             && self.approvals.is_empty()
+            && self.calls.is_empty()
     }
 }
 
@@ -132,6 +147,9 @@ pub trait Store: ApprovalStore + Send + Sync {
 
     /// Applies a commit atomically and returns the events as numbered.
     async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError>;
+
+    /// The run's last `limit` call records (see [`Commit::calls`]), oldest first.
+    async fn call_records(&self, run_id: &str, limit: u32) -> Result<Vec<StoredCall>, StoreError>;
 
     /// Events of a run with `seq > after`, in order, at most `limit`.
     async fn events_after(
@@ -306,6 +324,13 @@ mod tests {
         }
     }
 
+    fn call(n: u32) -> StoredCall {
+        StoredCall {
+            n,
+            record: format!("{{\"call\":\"c{n}\"}}"),
+        }
+    }
+
     #[test]
     fn an_absorbed_commit_follows_and_its_patch_fields_win() {
         let mut first = Commit {
@@ -318,6 +343,7 @@ mod tests {
                 ..RunPatch::default()
             }),
             approvals: Vec::new(),
+            calls: vec![call(1)],
         };
         first.absorb(Commit {
             events: vec![answer("b")],
@@ -329,6 +355,7 @@ mod tests {
                 ..RunPatch::default()
             }),
             approvals: Vec::new(),
+            calls: vec![call(2), call(3)],
         });
         let kinds: Vec<_> = first.events.iter().map(|e| format!("{e:?}")).collect();
         assert!(
@@ -339,6 +366,7 @@ mod tests {
             first.messages,
             vec![Message::user("one"), Message::user("two")]
         );
+        assert_eq!(first.calls, vec![call(1), call(2), call(3)]);
         let patch = first.patch.unwrap();
         assert_eq!(patch.steps, Some(2));
         assert_eq!(patch.state.as_deref(), Some("s2"));

@@ -79,6 +79,7 @@ async fn data_survives_reconnect() {
         .commit(
             &run.id,
             Commit {
+                calls: Vec::new(),
                 approvals: vec![pending.clone()],
                 events: vec![
                     EventKind::MessageDelta { text: "hi".into() },

@@ -41,6 +41,7 @@ async fn data_survives_reopen() {
         .commit(
             &run.id,
             Commit {
+                calls: Vec::new(),
                 approvals: Vec::new(),
                 events: vec![
                     EventKind::MessageDelta { text: "hi".into() },
@@ -183,6 +184,7 @@ async fn a_failed_request_does_not_spoil_its_batch() {
             }],
             messages: vec![Message::user(i.to_string())],
             patch: None,
+            calls: Vec::new(),
         };
         let target = match i % 4 {
             1 => keel_protocol::new_id("run"),

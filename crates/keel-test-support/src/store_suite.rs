@@ -29,6 +29,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     concurrent_commits_are_gap_free(&store, 20).await;
     patch_semantics(&store).await;
     history_order(&store).await;
+    call_records_append_and_read_back(&store).await;
     session_messages(&store).await;
     archive_session(&store).await;
     list_filters_and_pagination(&store).await;
@@ -134,6 +135,63 @@ async fn all_pages(store: &Arc<dyn Store>, tenant: &str, mut f: RunFilter) -> Ve
         assert!(pages.len() < 1000, "pagination does not terminate");
     }
     pages
+}
+
+/// Call records are appended by commits, with the rest of the commit or
+/// not at all, and read back newest last, per run.
+pub async fn call_records_append_and_read_back(store: &Arc<dyn Store>) {
+    let tenant = new_id("ten");
+    let run = create(store, &tenant, "s").await;
+    let other = create(store, &tenant, "s").await;
+    let call = |n: u32| keel_protocol::StoredCall {
+        n,
+        record: format!(r#"{{"tool":"t","call":"c{n}","kind":"ok"}}"#),
+    };
+    assert!(store.call_records(&run.id, 10).await.unwrap().is_empty());
+    for batch in [
+        vec![call(1)],
+        vec![call(2), call(3)],
+        Vec::new(),
+        vec![call(4)],
+    ] {
+        let commit = Commit {
+            events: vec![delta("turn")],
+            calls: batch,
+            ..Commit::default()
+        };
+        store.commit(&run.id, commit).await.unwrap();
+    }
+    store
+        .commit(
+            &other.id,
+            Commit {
+                calls: vec![call(1)],
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    let all = store.call_records(&run.id, 10).await.unwrap();
+    assert_eq!(all, (1..=4).map(call).collect::<Vec<_>>());
+    let last = store.call_records(&run.id, 2).await.unwrap();
+    assert_eq!(last, vec![call(3), call(4)]);
+    assert_eq!(
+        store.call_records(&other.id, 10).await.unwrap(),
+        vec![call(1)]
+    );
+    // A place taken twice fails the whole commit: its events are not written.
+    let before = store.events_after(&run.id, 0, 100).await.unwrap().len();
+    let again = Commit {
+        events: vec![delta("again")],
+        calls: vec![call(5), call(4)],
+        ..Commit::default()
+    };
+    assert!(store.commit(&run.id, again).await.is_err());
+    assert_eq!(
+        store.events_after(&run.id, 0, 100).await.unwrap().len(),
+        before
+    );
+    assert_eq!(store.call_records(&run.id, 10).await.unwrap().len(), 4);
 }
 
 pub async fn ping(store: &Arc<dyn Store>) {
@@ -362,6 +420,7 @@ pub async fn commit_numbers_events(store: &Arc<dyn Store>) {
                 events: vec![delta("a"), delta("b")],
                 messages: vec![Message::user("m")],
                 patch: None,
+                calls: Vec::new(),
             },
         )
         .await
@@ -422,6 +481,7 @@ pub async fn commit_numbers_events(store: &Arc<dyn Store>) {
 
 pub async fn commit_to_unknown_run_is_not_found(store: &Arc<dyn Store>) {
     let commit = Commit {
+        calls: Vec::new(),
         approvals: Vec::new(),
         events: vec![delta("x")],
         messages: vec![Message::user("x")],
@@ -445,6 +505,7 @@ pub async fn concurrent_commits_are_gap_free(store: &Arc<dyn Store>, tasks: u32)
         let run_id = run.id.clone();
         handles.push(tokio::spawn(async move {
             let commit = Commit {
+                calls: Vec::new(),
                 approvals: Vec::new(),
                 events: (0..3).map(|i| delta(&format!("{t}/{i}"))).collect(),
                 messages: vec![Message::user(format!("message {t}"))],
@@ -585,6 +646,7 @@ pub async fn patch_semantics(store: &Arc<dyn Store>) {
         .commit(
             &run.id,
             Commit {
+                calls: Vec::new(),
                 approvals: Vec::new(),
                 events: vec![EventKind::RunFailed {
                     error: error.clone(),
@@ -1203,6 +1265,7 @@ pub async fn approval_commit_is_atomic(store: &Arc<dyn Store>) {
         .commit(
             &run.id,
             Commit {
+                calls: Vec::new(),
                 events: vec![delta("lost")],
                 messages: vec![Message::user("lost")],
                 approvals: vec![fresh.clone(), clash],

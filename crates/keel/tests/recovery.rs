@@ -268,3 +268,60 @@ async fn the_provenance_of_arguments_survives_a_kill_9() {
     assert_transfer_denied_by_provenance(&keel, &id, &tools).await;
     assert!(model.violations().is_empty(), "{:?}", model.violations());
 }
+
+#[tokio::test]
+async fn loop_detection_counts_the_calls_made_before_a_kill_9() {
+    // Two identical calls, a crash while the model thinks, and the same call
+    // a third time after the restart: the third is the repeat the
+    // default settings warn about, which only the stored records can tell.
+    let model = FakeOpenAi::start(Script::queue(vec![
+        Reply::tool_call("furnace_status", json!({"furnace_id": "F1"})),
+        Reply::tool_call("furnace_status", json!({"furnace_id": "F1"})),
+        Reply::text("never delivered").after(Duration::from_secs(20)),
+        Reply::tool_call("furnace_status", json!({"furnace_id": "F1"})),
+        Reply::text("F1 is running."),
+    ]))
+    .await;
+    let tools = ToolServer::start().await;
+    let mut keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
+    let id = keel.start_run("How is F1?", None).await;
+    let results = std::cell::Cell::new(0);
+    keel.events_until(&id, None, None, |f| {
+        results.set(results.get() + usize::from(f.event == "tool_result"));
+        results.get() == 2
+    })
+    .await;
+    for _ in 0..200 {
+        if model.request_count() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    keel.kill9().await;
+    keel.restart().await;
+    let run = keel.wait_status(&id, "completed", None).await;
+    assert_eq!(run["output"], "F1 is running.");
+    let frames = keel.events(&id, None, None).await;
+    assert_gap_free(&frames, 1);
+    let warned = frames
+        .iter()
+        .find(|f| f.event == "loop_detected")
+        .unwrap_or_else(|| panic!("no loop warning after the restart: {frames:?}"));
+    assert_eq!(
+        warned.data["detector"], "generic_repeat",
+        "{:?}",
+        warned.data
+    );
+    assert_eq!(warned.data["level"], "warning", "{:?}", warned.data);
+    assert_eq!(warned.data["count"], 3, "{:?}", warned.data);
+    assert_eq!(
+        frames
+            .iter()
+            .filter(|f| f.event == "loop_detected")
+            .count(),
+        1,
+        "only the third call is a repeat"
+    );
+    assert_eq!(tools.count("furnace"), 3);
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}

@@ -247,6 +247,20 @@ impl RunActor {
         tracing::Instrument::instrument(work, span)
     }
 
+    /// Puts back loop detection's records, which the store keeps beside
+    /// the run's state. One that does not read back (a damaged store) is
+    /// reported and the run goes on without them: its counters, and so the
+    /// breaker, are in the state itself.
+    async fn load_call_records(&mut self) -> Result<(), Exit> {
+        let window = u32::try_from(keel_guard::loop_detect::HISTORY_WINDOW).unwrap_or(u32::MAX);
+        let stored = self.shared.store.call_records(&self.run_id, window).await?;
+        if let Err(e) = self.state.calls.restore(stored) {
+            tracing::warn!(run = %self.run_id, error = %e, "loop detection resumes without the run's earlier calls");
+            let _ = self.state.calls.restore(Vec::new());
+        }
+        Ok(())
+    }
+
     /// Records why the loop stopped early: cancelled, failed or out of
     /// budget. Other exits leave the run as stored.
     async fn end_early(&mut self, exit: Exit) -> Result<(), Exit> {
@@ -264,6 +278,9 @@ impl RunActor {
 
     async fn drive(&mut self) -> Result<(), Exit> {
         self.history = self.shared.store.history(&self.run_id).await?;
+        if self.state.calls.awaits_records() {
+            self.load_call_records().await?;
+        }
         let mut ready = None;
         match self.status {
             RunStatus::Queued => {
@@ -623,6 +640,8 @@ impl RunActor {
             messages: all_messages,
             patch: Some(patch),
             approvals,
+            // With the state that counts them, in the same transaction.
+            calls: self.state.calls.take_unstored(),
         };
         Ok((commit, changed))
     }
@@ -718,6 +737,7 @@ impl RunActor {
             messages: Vec::new(),
             patch: None,
             approvals: Vec::new(),
+            calls: Vec::new(),
         };
         let published = self.write(commit).await?;
         self.shared.bus.publish(published);

@@ -1,14 +1,22 @@
-//! How a [`CallHistory`] is stored: as JSON, with the run's loop state, on
-//! every commit of the run.
+//! How a [`CallHistory`] is stored. Its counters are JSON in the run's loop
+//! state, written with every commit of the run. Its records are not: each
+//! is handed to the store once, by the commit that follows it
+//! ([`CallHistory::take_unstored`]), and the store keeps them beside the
+//! run, whence they are put back when the run is loaded
+//! ([`CallHistory::restore`]).
 //!
-//! Encoding every record again on each commit made saving the history grow
-//! with the run: at fifty calls it was most of the cost of writing the
-//! loop state. Each record is encoded once, when it is recorded, and the
-//! history writes the kept text; the JSON is the same as the records'
-//! own serialization.
+//! Written whole with the state, the records made every commit grow with
+//! the run: about 120 bytes a call, so past some thirty calls the run's row
+//! no longer fitted its page, and each commit also rewrote the overflow.
+//! A state stored that way (by an earlier version) still loads: its records
+//! are in it, and its next commit hands them to the store.
+//!
+//! Each record is encoded once, when it is recorded; the store gets that
+//! text, the JSON of the record's own serialization.
 
 use std::collections::BTreeMap;
 
+use keel_protocol::StoredCall;
 use serde::{Deserialize, Deserializer, Serialize, Serializer, ser::SerializeStruct};
 use serde_json::value::{RawValue, to_raw_value};
 
@@ -28,7 +36,7 @@ impl EncodedRecords {
         }
         match to_raw_value(rec) {
             Ok(raw) => self.0.push(raw),
-            // The history is then encoded whole, as it was before.
+            // Each record is then encoded when it is stored.
             Err(_) => self.0.clear(),
         }
     }
@@ -51,13 +59,77 @@ impl EncodedRecords {
     }
 }
 
+/// A stored record that does not read back as one.
+#[derive(Debug, thiserror::Error)]
+#[error("call record {n} of the stored history is not valid: {source}")]
+pub struct BadRecord {
+    pub n: u32,
+    #[source]
+    pub source: serde_json::Error,
+}
+
+impl CallHistory {
+    /// The records made since the last call, each with its place among the
+    /// run's calls, for the commit that stores the state they counted in.
+    /// Records that left the window before they were stored are not.
+    pub fn take_unstored(&mut self) -> Vec<StoredCall> {
+        let window = self.records.len();
+        // Places start at 1: the window's first record is the one after
+        // those that left it.
+        let first = self.recorded.saturating_sub(window as u32) + 1;
+        let encoded = self.encoded.for_records(&self.records);
+        let mut out = Vec::new();
+        for (i, rec) in self.records.iter().enumerate() {
+            let n = first + i as u32;
+            if n <= self.stored {
+                continue;
+            }
+            let record = match encoded {
+                Some(encoded) => encoded[i].get().to_owned(),
+                None => match serde_json::to_string(rec) {
+                    Ok(text) => text,
+                    // Cannot happen for the history's own types; the
+                    // record is then left out of the stored history.
+                    Err(_) => continue,
+                },
+            };
+            out.push(StoredCall { n, record });
+        }
+        self.stored = self.recorded;
+        out
+    }
+
+    /// Whether the history was loaded from a state that keeps its records
+    /// apart, and still lacks them.
+    pub fn awaits_records(&self) -> bool {
+        self.awaiting
+    }
+
+    /// Puts back the records of the stored history: the store's last ones
+    /// (at most [`super::HISTORY_WINDOW`]), oldest first.
+    pub fn restore(&mut self, stored: Vec<StoredCall>) -> Result<(), BadRecord> {
+        let mut records = Vec::with_capacity(stored.len());
+        let mut encoded = Vec::with_capacity(stored.len());
+        let skip = stored.len().saturating_sub(super::HISTORY_WINDOW);
+        for StoredCall { n, record } in stored.into_iter().skip(skip) {
+            let rec: CallRecord =
+                serde_json::from_str(&record).map_err(|source| BadRecord { n, source })?;
+            let raw = RawValue::from_string(record).map_err(|source| BadRecord { n, source })?;
+            records.push(rec);
+            encoded.push(raw);
+        }
+        self.progress = super::progress::Progress::of(&records);
+        self.encoded = EncodedRecords(encoded);
+        self.records = records;
+        self.stored = self.recorded;
+        self.awaiting = false;
+        Ok(())
+    }
+}
+
 impl Serialize for CallHistory {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut s = serializer.serialize_struct("CallHistory", 4)?;
-        match self.encoded.for_records(&self.records) {
-            Some(encoded) => s.serialize_field("records", encoded)?,
-            None => s.serialize_field("records", &self.records)?,
-        }
+        let mut s = serializer.serialize_struct("CallHistory", 3)?;
         s.serialize_field("recorded", &self.recorded)?;
         s.serialize_field("executed", &self.executed)?;
         s.serialize_field("outcomes", &self.outcomes)?;
@@ -69,7 +141,8 @@ impl Serialize for CallHistory {
 #[derive(Default, Deserialize)]
 #[serde(default)]
 struct Stored {
-    records: Vec<CallRecord>,
+    /// Present only in a state stored by an earlier version.
+    records: Option<Vec<CallRecord>>,
     recorded: u32,
     executed: u32,
     outcomes: BTreeMap<String, u32>,
@@ -83,6 +156,14 @@ impl<'de> Deserialize<'de> for CallHistory {
             executed,
             outcomes,
         } = Stored::deserialize(deserializer)?;
+        let (records, stored, awaiting) = match records {
+            // Stored inside the state: none of them is in the store yet.
+            Some(records) => {
+                let stored = recorded.saturating_sub(records.len() as u32);
+                (records, stored, false)
+            }
+            None => (Vec::new(), recorded, recorded > 0),
+        };
         Ok(CallHistory {
             encoded: EncodedRecords::of(&records),
             progress: super::progress::Progress::of(&records),
@@ -90,6 +171,8 @@ impl<'de> Deserialize<'de> for CallHistory {
             recorded,
             executed,
             outcomes,
+            stored,
+            awaiting,
         })
     }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use keel_protocol::StoredCall;
 use serde_json::json;
 
 /// One past call, as the run loop would record it.
@@ -47,6 +48,21 @@ fn loop_blocked(tool: &'static str, args: Value) -> Step {
         kind: Outcome::Blocked,
         ..ok(tool, args, "")
     }
+}
+
+/// The history as a run stores it (its counters as JSON with the state,
+/// its new records handed to `store`) and loads it back.
+fn stored_and_loaded(h: &mut CallHistory, store: &mut Vec<StoredCall>) -> CallHistory {
+    store.extend(h.take_unstored());
+    let text = serde_json::to_string(&*h).unwrap();
+    assert!(!text.contains("records"), "{text}");
+    let mut loaded: CallHistory = serde_json::from_str(&text).unwrap();
+    assert_eq!(loaded.awaits_records(), !h.is_empty());
+    if loaded.awaits_records() {
+        let last = store.len().saturating_sub(HISTORY_WINDOW);
+        loaded.restore(store[last..].to_vec()).unwrap();
+    }
+    loaded
 }
 
 fn record_of(step: &Step) -> CallRecord {
@@ -677,8 +693,8 @@ fn history_is_scoped_to_one_run_and_survives_persistence() {
         None
     );
     // Persisted with the run and restored: same verdicts.
-    let text = serde_json::to_string(&looping).unwrap();
-    let restored: CallHistory = serde_json::from_str(&text).unwrap();
+    let mut looping = looping;
+    let restored = stored_and_loaded(&mut looping, &mut Vec::new());
     assert_eq!(restored, looping);
     assert_eq!(
         probe(&restored, "furnace_status", &status("F1"), false, &s),
@@ -715,7 +731,7 @@ fn window_is_capped_but_breaker_counts_everything() {
 #[test]
 fn the_stored_history_is_its_records_as_they_serialize() {
     // Records encoded when recorded, across the window's cut and a
-    // restore, read back as the records themselves.
+    // restore, are stored as the records themselves, each once, in order.
     let mut h = CallHistory::default();
     for i in 0..(HISTORY_WINDOW + 3) {
         let mut step = ok("t", json!({"i": i}), format!("{i}"));
@@ -725,22 +741,62 @@ fn the_stored_history_is_its_records_as_they_serialize() {
         }
         h.record(record_of(&step));
     }
-    let stored: Value = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+    let mut store = Vec::new();
+    let mut restored = stored_and_loaded(&mut h, &mut store);
+    // The three that left the window before a commit are never stored.
+    assert_eq!(store.len(), HISTORY_WINDOW);
+    assert_eq!(store[0].n, 4);
+    assert_eq!(store[HISTORY_WINDOW - 1].n as usize, HISTORY_WINDOW + 3);
+    let texts: Vec<Value> = store
+        .iter()
+        .map(|c| serde_json::from_str(&c.record).unwrap())
+        .collect();
     assert_eq!(
-        stored["records"],
+        Value::Array(texts),
         serde_json::to_value(h.records()).unwrap()
     );
-    assert_eq!(stored["recorded"], HISTORY_WINDOW + 3);
-    assert_eq!(serde_json::to_value(&h).unwrap(), stored);
-    let mut restored: CallHistory = serde_json::from_value(stored).unwrap();
     assert_eq!(restored, h);
+    assert!(h.take_unstored().is_empty(), "each record is stored once");
     restored.record(record_of(&ok("u", json!({}), "done")));
-    let again: Value = serde_json::to_value(&restored).unwrap();
+    let again = stored_and_loaded(&mut restored, &mut store);
+    assert_eq!(store.len(), HISTORY_WINDOW + 1);
+    assert_eq!(store[HISTORY_WINDOW].n as usize, HISTORY_WINDOW + 4);
+    assert_eq!(again, restored);
+    assert_eq!(again.records()[HISTORY_WINDOW - 1].tool, "u");
+}
+
+#[test]
+fn a_state_that_holds_its_records_loads_and_hands_them_to_the_store() {
+    // The form an earlier version stored: records inside the state.
+    let mut old = CallHistory::default();
+    for i in 0..5 {
+        old.record(record_of(&ok("t", json!({"i": i}), format!("{i}"))));
+    }
+    let inline = json!({
+        "records": serde_json::to_value(old.records()).unwrap(),
+        "recorded": 5,
+        "executed": 5,
+        "outcomes": serde_json::to_value(&old).unwrap()["outcomes"].clone(),
+    });
+    let mut loaded: CallHistory = serde_json::from_value(inline).unwrap();
+    assert!(!loaded.awaits_records());
+    assert_eq!(loaded, old);
+    let moved = loaded.take_unstored();
     assert_eq!(
-        again["records"],
-        serde_json::to_value(restored.records()).unwrap()
+        moved.iter().map(|c| c.n).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5]
     );
-    assert_eq!(again["records"][HISTORY_WINDOW - 1]["tool"], "u");
+    assert!(loaded.take_unstored().is_empty());
+    // A record that does not read back is an error that names it.
+    let mut broken: CallHistory = serde_json::from_value(json!({"recorded": 1})).unwrap();
+    assert!(broken.awaits_records());
+    let err = broken
+        .restore(vec![StoredCall {
+            n: 1,
+            record: "{\"tool\": 3}".into(),
+        }])
+        .unwrap_err();
+    assert!(err.to_string().contains("call record 1"), "{err}");
 }
 
 #[test]
@@ -988,7 +1044,7 @@ fn progress_kept_as_records_come_matches_the_whole_window() {
             "after {i}"
         );
     }
-    let restored: CallHistory = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+    let restored = stored_and_loaded(&mut h, &mut Vec::new());
     assert_eq!(
         restored.progress.flags(),
         flags_from_scratch(restored.records())

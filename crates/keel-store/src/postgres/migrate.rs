@@ -18,6 +18,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0003_leases.sql"),
     include_str!("../../migrations/postgres/0004_channel_messages.sql"),
     include_str!("../../migrations/postgres/0005_quotas.sql"),
+    include_str!("../../migrations/postgres/0006_run_calls.sql"),
 ];
 
 /// Key of the advisory lock that serializes migrations ("keel" in ASCII).

@@ -21,7 +21,7 @@ pub use coord::PgNode;
 
 use keel_protocol::{
     ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, Event, Message, NewRun, RunFilter,
-    RunPage, RunRecord, Store, StoreError,
+    RunPage, RunRecord, Store, StoreError, StoredCall,
 };
 
 /// Connections per node; PostgreSQL's default limit is 100 for all nodes.
@@ -129,6 +129,10 @@ impl Store for PostgresStore {
 
     async fn commit(&self, run_id: &str, commit: Commit) -> Result<Vec<Event>, StoreError> {
         writes::commit(&self.pool, run_id, commit).await
+    }
+
+    async fn call_records(&self, run_id: &str, limit: u32) -> Result<Vec<StoredCall>, StoreError> {
+        reads::call_records(&self.pool, run_id, limit).await
     }
 
     async fn events_after(

@@ -2,7 +2,7 @@
 
 use sqlx::{PgPool, Row};
 
-use keel_protocol::{Event, Message, RunFilter, RunPage, RunRecord, StoreError};
+use keel_protocol::{Event, Message, RunFilter, RunPage, RunRecord, StoreError, StoredCall};
 
 use super::codec::{RawRun, db, from_json, run_columns, to_i64};
 
@@ -109,6 +109,33 @@ pub(super) async fn events_after(
     .await
     .map_err(db("reading events"))?;
     bodies.iter().map(|b| from_json(b, "event")).collect()
+}
+
+pub(super) async fn call_records(
+    pool: &PgPool,
+    run_id: &str,
+    limit: u32,
+) -> Result<Vec<StoredCall>, StoreError> {
+    let rows =
+        sqlx::query("SELECT n, record FROM run_calls WHERE run_id = $1 ORDER BY n DESC LIMIT $2")
+            .bind(run_id)
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await
+            .map_err(db("reading call records"))?;
+    let mut calls = rows
+        .iter()
+        .map(|r| {
+            let n: i32 = r.try_get(0).map_err(db("reading call record"))?;
+            Ok(StoredCall {
+                n: u32::try_from(n)
+                    .map_err(|_| StoreError::Backend(format!("call record {n} is out of range")))?,
+                record: r.try_get(1).map_err(db("reading call record"))?,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    calls.reverse();
+    Ok(calls)
 }
 
 /// Earlier runs' messages first, then the run's own, each in insertion

@@ -249,6 +249,13 @@ pub(super) async fn write_commit(
         .iter()
         .map(|m| to_json(m, "message"))
         .collect::<Result<Vec<_>, _>>()?;
+    let (call_ns, call_records): (Vec<i32>, Vec<&str>) = commit
+        .calls
+        .iter()
+        .map(|c| Ok((to_i32(c.n)?, c.record.as_str())))
+        .collect::<Result<Vec<_>, StoreError>>()?
+        .into_iter()
+        .unzip();
     let patch = commit.patch.as_ref();
     // `pending` has three states (keep, clear, set), hence the flag next to the value.
     let (set_pending, pending) = match patch.and_then(|p| p.pending.as_ref()) {
@@ -283,6 +290,10 @@ pub(super) async fn write_commit(
            INSERT INTO messages (tenant, session, run_id, body) \
            SELECT run.tenant, run.session, $1, m.body::json \
            FROM run, UNNEST($15::text[]) WITH ORDINALITY AS m (body, n) ORDER BY m.n \
+         ), new_calls AS ( \
+           INSERT INTO run_calls (run_id, n, record) \
+           SELECT $1, c.n, c.record \
+           FROM run, UNNEST($18::int[], $19::text[]) AS c (n, record) \
          ) \
          SELECT count(*) FROM run",
     )
@@ -313,6 +324,8 @@ pub(super) async fn write_commit(
     .bind(message_bodies)
     .bind(expect_seq)
     .bind(node)
+    .bind(call_ns)
+    .bind(call_records)
     .fetch_one(executor)
     .await
     .map_err(db("writing the commit"))?;
@@ -406,4 +419,9 @@ pub(super) async fn record_inbound(
     .await
     .map_err(db("recording inbound message"))?;
     Ok(done.rows_affected() == 1)
+}
+
+/// A call record's place as PostgreSQL's `integer` holds it.
+fn to_i32(n: u32) -> Result<i32, StoreError> {
+    i32::try_from(n).map_err(|_| StoreError::Backend(format!("call record {n} is out of range")))
 }

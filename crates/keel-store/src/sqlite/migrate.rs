@@ -18,6 +18,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0005_quotas.sql"),
     include_str!("../../migrations/sqlite/0006_message_ids.sql"),
     include_str!("../../migrations/sqlite/0007_events_appended.sql"),
+    include_str!("../../migrations/sqlite/0008_run_calls.sql"),
 ];
 
 /// The schema version this build writes.

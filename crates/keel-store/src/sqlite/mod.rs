@@ -19,7 +19,7 @@ use rusqlite::Connection;
 
 use keel_protocol::{
     ApprovalRecord, ApprovalStatus, ApprovalStore, Commit, Event, Message, NewRun, QuotaKey,
-    RunFilter, RunPage, RunRecord, Store, StoreError,
+    RunFilter, RunPage, RunRecord, Store, StoreError, StoredCall,
 };
 
 use codec::db;
@@ -126,6 +126,13 @@ impl Store for SqliteStore {
                 commit,
                 reply,
             })
+            .await
+    }
+
+    async fn call_records(&self, run_id: &str, limit: u32) -> Result<Vec<StoredCall>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.readers
+            .run(move |c| reads::call_records(c, &run_id, limit))
             .await
     }
 

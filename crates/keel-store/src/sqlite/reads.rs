@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use keel_protocol::{Event, Message, RunFilter, RunPage, RunRecord, StoreError};
+use keel_protocol::{Event, Message, RunFilter, RunPage, RunRecord, StoreError, StoredCall};
 
 use super::codec::{RUN_COLUMNS, RawRun, db, from_json, to_i64};
 
@@ -112,6 +112,31 @@ pub(super) fn events_after(
 
 /// Earlier runs' messages first, then the run's own, each in insertion
 /// order; runs created after this one are not part of its history.
+pub(super) fn call_records(
+    conn: &Connection,
+    run_id: &str,
+    limit: u32,
+) -> Result<Vec<StoredCall>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT n, record FROM run_calls WHERE run_id = ?1 ORDER BY n DESC LIMIT ?2",
+        )
+        .map_err(db("preparing call records query"))?;
+    let rows = stmt
+        .query_map(params![run_id, limit], |r| {
+            Ok(StoredCall {
+                n: r.get(0)?,
+                record: r.get(1)?,
+            })
+        })
+        .map_err(db("reading call records"))?;
+    let mut calls = rows
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(db("reading call record"))?;
+    calls.reverse();
+    Ok(calls)
+}
+
 pub(super) fn history(conn: &Connection, run_id: &str) -> Result<Vec<Message>, StoreError> {
     let (tenant, session, ord): (String, String, i64) = conn
         .prepare_cached("SELECT tenant, session, ord FROM runs WHERE id = ?1")

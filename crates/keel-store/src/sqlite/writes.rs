@@ -168,6 +168,17 @@ pub(super) fn commit(
         super::approvals::insert(conn, approval)?;
     }
 
+    if !commit.calls.is_empty() {
+        let mut insert = conn
+            .prepare_cached("INSERT INTO run_calls (run_id, n, record) VALUES (?1, ?2, ?3)")
+            .map_err(db("preparing call record insert"))?;
+        for call in &commit.calls {
+            insert
+                .execute(params![run_id, call.n, call.record])
+                .map_err(db("inserting call record"))?;
+        }
+    }
+
     let patch = commit.patch.unwrap_or_default();
     let patch_ends_run = patch.status.is_some_and(RunStatus::is_terminal);
     // `pending` has three states (keep, clear, set), hence the flag next to the value.
