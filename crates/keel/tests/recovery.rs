@@ -13,6 +13,19 @@ use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::tool_server::ToolServer;
 use serde_json::json;
 
+/// Kills keel with -9 once the model has been asked `n` times (the last
+/// answer still to come), and starts it again on the same data.
+async fn kill_9_once_asked(keel: &mut Keel, model: &FakeOpenAi, n: usize) {
+    for _ in 0..200 {
+        if model.request_count() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    keel.kill9().await;
+    keel.restart().await;
+}
+
 #[tokio::test]
 async fn run_killed_mid_model_call_completes_after_restart() {
     // The first answer arrives after the crash; the restarted node asks again.
@@ -27,14 +40,7 @@ async fn run_killed_mid_model_call_completes_after_restart() {
     let id = keel.start_run("How is F1?", None).await;
     keel.events_until(&id, None, None, |f| f.event == "tool_result")
         .await;
-    for _ in 0..200 {
-        if model.request_count() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    keel.kill9().await;
-    keel.restart().await;
+    kill_9_once_asked(&mut keel, &model, 2).await;
     let run = keel.wait_status(&id, "completed", None).await;
     assert_eq!(run["output"], "F1 is running.");
     assert_eq!(
@@ -291,14 +297,7 @@ async fn loop_detection_counts_the_calls_made_before_a_kill_9() {
         results.get() == 2
     })
     .await;
-    for _ in 0..200 {
-        if model.request_count() >= 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    keel.kill9().await;
-    keel.restart().await;
+    kill_9_once_asked(&mut keel, &model, 3).await;
     let run = keel.wait_status(&id, "completed", None).await;
     assert_eq!(run["output"], "F1 is running.");
     let frames = keel.events(&id, None, None).await;
@@ -315,10 +314,7 @@ async fn loop_detection_counts_the_calls_made_before_a_kill_9() {
     assert_eq!(warned.data["level"], "warning", "{:?}", warned.data);
     assert_eq!(warned.data["count"], 3, "{:?}", warned.data);
     assert_eq!(
-        frames
-            .iter()
-            .filter(|f| f.event == "loop_detected")
-            .count(),
+        frames.iter().filter(|f| f.event == "loop_detected").count(),
         1,
         "only the third call is a repeat"
     );
