@@ -83,7 +83,7 @@ pub(crate) enum Flow {
 }
 
 /// Room left past the loop state's last length when it is serialized
-/// again: a call record and its outcome take about 120 bytes.
+/// again: a call adds a counter or two (an outcome's takes about 30 bytes).
 const STATE_SLACK: usize = 512;
 
 /// A commit under way (see `RunActor::commit`).
@@ -611,8 +611,8 @@ impl RunActor {
         self.scrub_approvals(&mut approvals);
         patch.steps = Some(self.steps);
         patch.usage = Some(self.usage);
-        // Between two commits the state grows by a call record or two, so
-        // the last one's length sizes the buffer: the text is written
+        // Between two commits the state grows by a few counters at most,
+        // so the last one's length sizes the buffer: the text is written
         // without the buffer growing, and being copied, on the way.
         let capacity = self.written_state.len() + STATE_SLACK;
         let serialize = |state: &LoopState| {
