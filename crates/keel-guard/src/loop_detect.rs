@@ -202,9 +202,6 @@ pub struct CallHistory {
     /// Records up to this count (of `recorded`) are in the store; the
     /// others go with the next commit ([`CallHistory::take_unstored`]).
     stored: u32,
-    /// Loaded from a stored state, whose records are kept apart: they
-    /// are still to be put back ([`CallHistory::restore`]).
-    awaiting: bool,
 }
 
 impl PartialEq for CallHistory {

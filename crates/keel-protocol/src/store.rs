@@ -89,7 +89,7 @@ pub struct Commit {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredCall {
     /// Its place among the run's calls, from 1.
-    pub n: u32,
+    pub n: u64,
     /// The record's JSON.
     pub record: String,
 }
@@ -324,7 +324,7 @@ mod tests {
         }
     }
 
-    fn call(n: u32) -> StoredCall {
+    fn call(n: u64) -> StoredCall {
         StoredCall {
             n,
             record: format!("{{\"call\":\"c{n}\"}}"),

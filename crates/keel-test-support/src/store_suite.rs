@@ -143,7 +143,7 @@ pub async fn call_records_append_and_read_back(store: &Arc<dyn Store>) {
     let tenant = new_id("ten");
     let run = create(store, &tenant, "s").await;
     let other = create(store, &tenant, "s").await;
-    let call = |n: u32| keel_protocol::StoredCall {
+    let call = |n: u64| keel_protocol::StoredCall {
         n,
         record: format!(r#"{{"tool":"t","call":"c{n}","kind":"ok"}}"#),
     };

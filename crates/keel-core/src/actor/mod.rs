@@ -254,9 +254,9 @@ impl RunActor {
     async fn load_call_records(&mut self) -> Result<(), Exit> {
         let window = u32::try_from(keel_guard::loop_detect::HISTORY_WINDOW).unwrap_or(u32::MAX);
         let stored = self.shared.store.call_records(&self.run_id, window).await?;
+        // A failed restore leaves the history as loaded: counters only.
         if let Err(e) = self.state.calls.restore(stored) {
             tracing::warn!(run = %self.run_id, error = %e, "loop detection resumes without the run's earlier calls");
-            let _ = self.state.calls.restore(Vec::new());
         }
         Ok(())
     }

@@ -63,7 +63,7 @@ impl EncodedRecords {
 #[derive(Debug, thiserror::Error)]
 #[error("call record {n} of the stored history is not valid: {source}")]
 pub struct BadRecord {
-    pub n: u32,
+    pub n: u64,
     #[source]
     pub source: serde_json::Error,
 }
@@ -73,17 +73,16 @@ impl CallHistory {
     /// run's calls, for the commit that stores the state they counted in.
     /// Records that left the window before they were stored are not.
     pub fn take_unstored(&mut self) -> Vec<StoredCall> {
-        let window = self.records.len();
+        // The newest `recorded - stored` records are the unstored ones, as
+        // many of them as the window still holds.
+        let new = self.recorded.saturating_sub(self.stored) as usize;
+        let start = self.records.len().saturating_sub(new);
         // Places start at 1: the window's first record is the one after
         // those that left it.
-        let first = self.recorded.saturating_sub(window as u32) + 1;
+        let first = u64::from(self.recorded).saturating_sub(self.records.len() as u64) + 1;
         let encoded = self.encoded.for_records(&self.records);
-        let mut out = Vec::new();
-        for (i, rec) in self.records.iter().enumerate() {
-            let n = first + i as u32;
-            if n <= self.stored {
-                continue;
-            }
+        let mut out = Vec::with_capacity(self.records.len() - start);
+        for (i, rec) in self.records.iter().enumerate().skip(start) {
             let record = match encoded {
                 Some(encoded) => encoded[i].get().to_owned(),
                 None => match serde_json::to_string(rec) {
@@ -93,16 +92,20 @@ impl CallHistory {
                     Err(_) => continue,
                 },
             };
-            out.push(StoredCall { n, record });
+            out.push(StoredCall {
+                n: first + i as u64,
+                record,
+            });
         }
         self.stored = self.recorded;
         out
     }
 
     /// Whether the history was loaded from a state that keeps its records
-    /// apart, and still lacks them.
+    /// apart, and still lacks them: a history with calls always holds the
+    /// latest of them in its window otherwise.
     pub fn awaits_records(&self) -> bool {
-        self.awaiting
+        self.records.is_empty() && self.recorded > 0
     }
 
     /// Puts back the records of the stored history: the store's last ones
@@ -122,7 +125,6 @@ impl CallHistory {
         self.encoded = EncodedRecords(encoded);
         self.records = records;
         self.stored = self.recorded;
-        self.awaiting = false;
         Ok(())
     }
 }
@@ -156,13 +158,13 @@ impl<'de> Deserialize<'de> for CallHistory {
             executed,
             outcomes,
         } = Stored::deserialize(deserializer)?;
-        let (records, stored, awaiting) = match records {
+        let (records, stored) = match records {
             // Stored inside the state: none of them is in the store yet.
             Some(records) => {
                 let stored = recorded.saturating_sub(records.len() as u32);
-                (records, stored, false)
+                (records, stored)
             }
-            None => (Vec::new(), recorded, recorded > 0),
+            None => (Vec::new(), recorded),
         };
         Ok(CallHistory {
             encoded: EncodedRecords::of(&records),
@@ -172,7 +174,6 @@ impl<'de> Deserialize<'de> for CallHistory {
             executed,
             outcomes,
             stored,
-            awaiting,
         })
     }
 }

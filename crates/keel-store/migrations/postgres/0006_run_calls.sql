@@ -6,7 +6,7 @@
 
 CREATE TABLE run_calls (
     run_id TEXT NOT NULL REFERENCES runs (id),
-    n      INTEGER NOT NULL,
+    n      BIGINT NOT NULL,
     record TEXT NOT NULL,
     PRIMARY KEY (run_id, n)
 );

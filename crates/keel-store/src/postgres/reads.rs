@@ -4,7 +4,7 @@ use sqlx::{PgPool, Row};
 
 use keel_protocol::{Event, Message, RunFilter, RunPage, RunRecord, StoreError, StoredCall};
 
-use super::codec::{RawRun, db, from_json, run_columns, to_i64};
+use super::codec::{RawRun, db, from_json, run_columns, to_i64, to_u64};
 
 /// Page size when the caller asks for none, and the most one page may hold.
 const DEFAULT_PAGE: u32 = 20;
@@ -126,10 +126,11 @@ pub(super) async fn call_records(
     let mut calls = rows
         .iter()
         .map(|r| {
-            let n: i32 = r.try_get(0).map_err(db("reading call record"))?;
             Ok(StoredCall {
-                n: u32::try_from(n)
-                    .map_err(|_| StoreError::Backend(format!("call record {n} is out of range")))?,
+                n: to_u64(
+                    r.try_get(0).map_err(db("reading call record"))?,
+                    "call record place",
+                )?,
                 record: r.try_get(1).map_err(db("reading call record"))?,
             })
         })

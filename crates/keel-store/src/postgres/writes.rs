@@ -249,10 +249,10 @@ pub(super) async fn write_commit(
         .iter()
         .map(|m| to_json(m, "message"))
         .collect::<Result<Vec<_>, _>>()?;
-    let (call_ns, call_records): (Vec<i32>, Vec<&str>) = commit
+    let (call_ns, call_records): (Vec<i64>, Vec<&str>) = commit
         .calls
         .iter()
-        .map(|c| Ok((to_i32(c.n)?, c.record.as_str())))
+        .map(|c| Ok((to_i64(c.n, "call record place")?, c.record.as_str())))
         .collect::<Result<Vec<_>, StoreError>>()?
         .into_iter()
         .unzip();
@@ -293,7 +293,7 @@ pub(super) async fn write_commit(
          ), new_calls AS ( \
            INSERT INTO run_calls (run_id, n, record) \
            SELECT $1, c.n, c.record \
-           FROM run, UNNEST($18::int[], $19::text[]) AS c (n, record) \
+           FROM run, UNNEST($18::bigint[], $19::text[]) AS c (n, record) \
          ) \
          SELECT count(*) FROM run",
     )
@@ -419,9 +419,4 @@ pub(super) async fn record_inbound(
     .await
     .map_err(db("recording inbound message"))?;
     Ok(done.rows_affected() == 1)
-}
-
-/// A call record's place as PostgreSQL's `integer` holds it.
-fn to_i32(n: u32) -> Result<i32, StoreError> {
-    i32::try_from(n).map_err(|_| StoreError::Backend(format!("call record {n} is out of range")))
 }

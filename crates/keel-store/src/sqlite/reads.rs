@@ -4,7 +4,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use keel_protocol::{Event, Message, RunFilter, RunPage, RunRecord, StoreError, StoredCall};
 
-use super::codec::{RUN_COLUMNS, RawRun, db, from_json, to_i64};
+use super::codec::{RUN_COLUMNS, RawRun, db, from_json, to_i64, to_u64};
 
 /// Page size when the caller asks for none, and the most one page may hold.
 const DEFAULT_PAGE: u32 = 20;
@@ -124,15 +124,17 @@ pub(super) fn call_records(
         .map_err(db("preparing call records query"))?;
     let rows = stmt
         .query_map(params![run_id, limit], |r| {
-            Ok(StoredCall {
-                n: r.get(0)?,
-                record: r.get(1)?,
-            })
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
         })
         .map_err(db("reading call records"))?;
-    let mut calls = rows
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(db("reading call record"))?;
+    let mut calls = Vec::new();
+    for row in rows {
+        let (n, record) = row.map_err(db("reading call record"))?;
+        calls.push(StoredCall {
+            n: to_u64(n, "call record place")?,
+            record,
+        });
+    }
     calls.reverse();
     Ok(calls)
 }

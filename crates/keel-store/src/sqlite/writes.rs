@@ -174,7 +174,11 @@ pub(super) fn commit(
             .map_err(db("preparing call record insert"))?;
         for call in &commit.calls {
             insert
-                .execute(params![run_id, call.n, call.record])
+                .execute(params![
+                    run_id,
+                    to_i64(call.n, "call record place")?,
+                    call.record
+                ])
                 .map_err(db("inserting call record"))?;
         }
     }
