@@ -25,4 +25,8 @@ export KEEL_MCP_NPM KEEL_PYENV
 
 # The example plant MCP server (stdlib only), then the workspace.
 python3 -m unittest examples/test_plant_server.py
+# The MCP fixture server that keel's tests spawn, built with the arguments
+# they build it with: a test then finds it made, rather than compiling it
+# inside its own time limit on a loaded machine.
+cargo build --quiet -p keel -p keel-test-support --bin mcp-fixture
 cargo nextest run --workspace --no-fail-fast "$@"
