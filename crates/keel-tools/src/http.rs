@@ -313,49 +313,85 @@ enum Piece {
 #[derive(Debug, Clone)]
 struct UrlTemplate {
     pieces: Vec<Piece>,
-    /// The URL itself when it has no placeholders: every call uses it as
-    /// it is, and parsing a URL costs more than the rest of a call's setup.
-    fixed: Option<Url>,
+    /// How a call makes its URL without parsing all of it again: parsing a
+    /// URL costs more than the rest of a call's setup.
+    shortcut: Shortcut,
+}
+
+#[derive(Debug, Clone)]
+enum Shortcut {
+    /// Placeholders before the query: the filled URL is parsed whole.
+    None,
+    /// No placeholders: every call uses the URL as it is.
+    Fixed(Url),
+    /// Placeholders in the query only (and no fragment, which would end a
+    /// query parsed whole but not one set alone): the URL up to the `?`,
+    /// parsed once, and the query's pieces; a call parses only its query.
+    Query { base: Url, query: Vec<Piece> },
+}
+
+/// The literal text and `{name}` placeholders of `template`, in order.
+fn pieces(template: &str) -> Result<Vec<Piece>, String> {
+    let mut pieces = Vec::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(len) = rest[open + 1..].find('}') else {
+            return Err(format!("unclosed {{ in URL template {template}"));
+        };
+        let name = &rest[open + 1..open + 1 + len];
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(format!("bad placeholder {{{name}}} in URL template"));
+        }
+        if open > 0 {
+            pieces.push(Piece::Literal(rest[..open].to_owned()));
+        }
+        pieces.push(Piece::Param(name.to_owned()));
+        rest = &rest[open + 1 + len + 1..];
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Literal(rest.to_owned()));
+    }
+    Ok(pieces)
+}
+
+fn fill(pieces: &[Piece], mut value: impl FnMut(&str) -> String) -> String {
+    let mut out = String::new();
+    for piece in pieces {
+        match piece {
+            Piece::Literal(text) => out.push_str(text),
+            Piece::Param(name) => out.push_str(&value(name)),
+        }
+    }
+    out
 }
 
 impl UrlTemplate {
     fn parse(template: &str) -> Result<Self, String> {
-        let mut pieces = Vec::new();
-        let mut rest = template;
-        while let Some(open) = rest.find('{') {
-            let Some(len) = rest[open + 1..].find('}') else {
-                return Err(format!("unclosed {{ in URL template {template}"));
-            };
-            let name = &rest[open + 1..open + 1 + len];
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            {
-                return Err(format!("bad placeholder {{{name}}} in URL template"));
-            }
-            if open > 0 {
-                pieces.push(Piece::Literal(rest[..open].to_owned()));
-            }
-            pieces.push(Piece::Param(name.to_owned()));
-            rest = &rest[open + 1 + len + 1..];
-        }
-        if !rest.is_empty() {
-            pieces.push(Piece::Literal(rest.to_owned()));
-        }
-        let mut parsed = Self {
-            pieces,
-            fixed: None,
-        };
-        let sample = parsed.fill(|_| "x".to_owned());
+        let pieces = pieces(template)?;
+        let sample = fill(&pieces, |_| "x".to_owned());
         let url = Url::parse(&sample).map_err(|e| format!("invalid URL {template}: {e}"))?;
         if url.scheme() != "http" && url.scheme() != "https" {
             return Err(format!("URL {template} is not http or https"));
         }
-        if parsed.params().next().is_none() {
-            parsed.fixed = Some(url);
-        }
-        Ok(parsed)
+        let shortcut = if !pieces.iter().any(|p| matches!(p, Piece::Param(_))) {
+            Shortcut::Fixed(url)
+        } else {
+            match template.split_once('?') {
+                Some((base, query)) if !base.contains('{') && !template.contains('#') => {
+                    Shortcut::Query {
+                        base: Url::parse(base)
+                            .map_err(|e| format!("invalid URL {template}: {e}"))?,
+                        query: self::pieces(query)?,
+                    }
+                }
+                _ => Shortcut::None,
+            }
+        };
+        Ok(Self { pieces, shortcut })
     }
 
     fn params(&self) -> impl Iterator<Item = &str> {
@@ -365,24 +401,15 @@ impl UrlTemplate {
         })
     }
 
-    fn fill(&self, mut value: impl FnMut(&str) -> String) -> String {
-        let mut out = String::new();
-        for piece in &self.pieces {
-            match piece {
-                Piece::Literal(text) => out.push_str(text),
-                Piece::Param(name) => out.push_str(&value(name)),
-            }
-        }
-        out
-    }
-
     /// Fills the placeholders, removing the arguments it used from `args`.
     fn render(&self, args: &mut Map<String, Value>) -> Result<Url, ToolError> {
-        if let Some(url) = &self.fixed {
-            return Ok(url.clone());
-        }
+        let pieces = match &self.shortcut {
+            Shortcut::Fixed(url) => return Ok(url.clone()),
+            Shortcut::Query { query, .. } => query,
+            Shortcut::None => &self.pieces,
+        };
         let mut missing = None;
-        let text = self.fill(|name| match args.remove(name) {
+        let text = fill(pieces, |name| match args.remove(name) {
             Some(v) if !v.is_null() => {
                 utf8_percent_encode(&scalar_text(&v), PATH_SEGMENT).to_string()
             }
@@ -394,7 +421,16 @@ impl UrlTemplate {
         if let Some(name) = missing {
             return Err(ToolError::Failed(format!("missing path parameter {name}")));
         }
-        Url::parse(&text).map_err(|e| ToolError::Failed(format!("invalid URL {text}: {e}")))
+        match &self.shortcut {
+            Shortcut::Query { base, .. } => {
+                let mut url = base.clone();
+                url.set_query(Some(&text));
+                Ok(url)
+            }
+            _ => {
+                Url::parse(&text).map_err(|e| ToolError::Failed(format!("invalid URL {text}: {e}")))
+            }
+        }
     }
 }
 
@@ -429,6 +465,31 @@ mod tests {
             "the arguments are left for the query or body"
         );
         assert!(UrlTemplate::parse("ftp://h/x").is_err());
+    }
+
+    #[test]
+    fn a_query_filled_alone_is_the_url_parsed_whole() {
+        let args = json!({"key": "a b/&=?#é", "n": 7, "id": "x"});
+        for template in [
+            "http://127.0.0.1:9/lookup?key={key}",
+            "http://127.0.0.1:9/lookup?key={key}&n={n}&fixed=1",
+            "https://h?{key}",
+            "http://h/a/../b/?k=%20{key}",
+            "http://h/{id}?key={key}",
+            "http://h/x?key={key}#frag",
+        ] {
+            let t = UrlTemplate::parse(template).unwrap();
+            let mut filled = args.as_object().unwrap().clone();
+            let got = t.render(&mut filled).unwrap();
+            let whole = fill(&t.pieces, |name| {
+                utf8_percent_encode(&scalar_text(&args[name]), PATH_SEGMENT).to_string()
+            });
+            assert_eq!(got, Url::parse(&whole).unwrap(), "{template}");
+        }
+        let t = UrlTemplate::parse("http://h/x?key={key}&n={n}").unwrap();
+        assert!(matches!(t.shortcut, Shortcut::Query { .. }));
+        let err = t.render(&mut Map::new()).unwrap_err();
+        assert!(err.to_string().contains("key"), "{err}");
     }
 
     #[test]
