@@ -403,34 +403,35 @@ impl UrlTemplate {
 
     /// Fills the placeholders, removing the arguments it used from `args`.
     fn render(&self, args: &mut Map<String, Value>) -> Result<Url, ToolError> {
-        let pieces = match &self.shortcut {
-            Shortcut::Fixed(url) => return Ok(url.clone()),
-            Shortcut::Query { query, .. } => query,
-            Shortcut::None => &self.pieces,
-        };
-        let mut missing = None;
-        let text = fill(pieces, |name| match args.remove(name) {
-            Some(v) if !v.is_null() => {
-                utf8_percent_encode(&scalar_text(&v), PATH_SEGMENT).to_string()
-            }
-            _ => {
-                missing.get_or_insert_with(|| name.to_owned());
-                String::new()
-            }
-        });
-        if let Some(name) = missing {
-            return Err(ToolError::Failed(format!("missing path parameter {name}")));
-        }
         match &self.shortcut {
-            Shortcut::Query { base, .. } => {
+            Shortcut::Fixed(url) => Ok(url.clone()),
+            Shortcut::Query { base, query } => {
                 let mut url = base.clone();
-                url.set_query(Some(&text));
+                url.set_query(Some(&fill_arguments(query, args)?));
                 Ok(url)
             }
-            _ => {
+            Shortcut::None => {
+                let text = fill_arguments(&self.pieces, args)?;
                 Url::parse(&text).map_err(|e| ToolError::Failed(format!("invalid URL {text}: {e}")))
             }
         }
+    }
+}
+
+/// `pieces` with each placeholder's argument taken out of `args`, encoded
+/// so that it can never add a path segment, a query or a fragment.
+fn fill_arguments(pieces: &[Piece], args: &mut Map<String, Value>) -> Result<String, ToolError> {
+    let mut missing = None;
+    let text = fill(pieces, |name| match args.remove(name) {
+        Some(v) if !v.is_null() => utf8_percent_encode(&scalar_text(&v), PATH_SEGMENT).to_string(),
+        _ => {
+            missing.get_or_insert_with(|| name.to_owned());
+            String::new()
+        }
+    });
+    match missing {
+        Some(name) => Err(ToolError::Failed(format!("missing path parameter {name}"))),
+        None => Ok(text),
     }
 }
 
