@@ -182,9 +182,10 @@ impl CallRecord {
 
 /// One run's call history. Belongs to a single run (a follow-up or a new
 /// run starts from an empty one), and is persisted with it, so detection
-/// survives a restart: its counters as JSON, `{recorded, executed,
-/// outcomes}`, with the run's state, and its records one by one, each
-/// once, beside it (see [`persisted`]).
+/// survives a restart: its two counters as JSON, `{recorded, executed}`,
+/// with the run's state, and its records one by one, each once, beside it;
+/// the outcome counters are counted again from those records when the run
+/// is loaded (see [`persisted`]).
 #[derive(Debug, Clone, Default)]
 pub struct CallHistory {
     /// The last [`HISTORY_WINDOW`] records, oldest first.
@@ -195,8 +196,15 @@ pub struct CallHistory {
     executed: u32,
     /// Runs per `"<outcome> <tool>"`, for the identical-outcomes breaker.
     outcomes: BTreeMap<String, u32>,
+    /// Loaded from a state that leaves the outcome counters to the stored
+    /// records: [`CallHistory::restore`] counts them again.
+    outcomes_unloaded: bool,
     /// The JSON of each record in `records`, made when it was recorded.
     encoded: persisted::EncodedRecords,
+    /// Records that left the window before a commit stored them, for the
+    /// next one: the outcome counters are rebuilt from every stored record,
+    /// so none may be skipped.
+    overflow: Vec<keel_protocol::StoredCall>,
     /// Which records in `records` show progress, kept as they come.
     progress: progress::Progress,
     /// Records up to this count (of `recorded`) are in the store; the
@@ -352,22 +360,14 @@ impl CallHistory {
         self.recorded = self.recorded.saturating_add(1);
         if rec.executed() {
             self.executed = self.executed.saturating_add(1);
-            if let Some(outcome) = &rec.outcome {
-                let counter = self
-                    .outcomes
-                    .entry(outcome_key(outcome, &rec.tool))
-                    .or_insert(0);
-                *counter = counter.saturating_add(1);
-                if self.outcomes.len() > MAX_OUTCOME_KEYS {
-                    self.outcomes.retain(|_, n| *n > 1);
-                }
-            }
         }
+        count_outcome(&mut self.outcomes, &rec);
         self.encoded.push(&self.records, &rec);
         self.progress.push(&rec);
         self.records.push(rec);
         if self.records.len() > HISTORY_WINDOW {
             let excess = self.records.len() - HISTORY_WINDOW;
+            self.keep_unstored_leaving(excess);
             self.records.drain(..excess);
             self.encoded.drop_oldest(excess);
             self.progress = progress::Progress::of(&self.records);
@@ -668,6 +668,20 @@ fn breaker_level(seen: u32, limit: u32) -> Option<Level> {
 
 fn count_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Counts an executed call's outcome for the identical-outcomes breaker.
+/// Recording and restoring both count through here, so the counters
+/// rebuilt from the stored records are the ones the run had.
+fn count_outcome(outcomes: &mut BTreeMap<String, u32>, rec: &CallRecord) {
+    let Some(outcome) = rec.outcome.as_deref().filter(|_| rec.executed()) else {
+        return;
+    };
+    let counter = outcomes.entry(outcome_key(outcome, &rec.tool)).or_insert(0);
+    *counter = counter.saturating_add(1);
+    if outcomes.len() > MAX_OUTCOME_KEYS {
+        outcomes.retain(|_, n| *n > 1);
+    }
 }
 
 fn outcome_key(outcome: &str, tool: &str) -> String {

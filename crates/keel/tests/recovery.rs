@@ -321,3 +321,48 @@ async fn loop_detection_counts_the_calls_made_before_a_kill_9() {
     assert_eq!(tools.count("furnace"), 3);
     assert!(model.violations().is_empty(), "{:?}", model.violations());
 }
+
+#[tokio::test]
+async fn the_identical_outcomes_breaker_counts_the_results_seen_before_a_kill_9() {
+    // Three identical results, a crash while the model thinks, and a fourth
+    // call after the restart: the breaker, set to four, warns before it.
+    // Its counters are not in the stored state but counted again from the
+    // stored call records, so only those can tell.
+    let model = FakeOpenAi::start(Script::queue(vec![
+        Reply::tool_call("furnace_status", json!({"furnace_id": "F1"})),
+        Reply::tool_call("furnace_status", json!({"furnace_id": "F1"})),
+        Reply::tool_call("furnace_status", json!({"furnace_id": "F1"})),
+        Reply::text("never delivered").after(Duration::from_secs(20)),
+        Reply::tool_call("furnace_status", json!({"furnace_id": "F1"})),
+        Reply::text("F1 is running."),
+    ]))
+    .await;
+    let tools = ToolServer::start().await;
+    let mut env = Env::new(&model.base_url(), &tools.base_url());
+    // Repeats of the same call would warn first; here only the breaker may.
+    env.agent_extra = "[agents.loop_detection]\nrepeat_warning = 20\nrepeat_critical = 30\nidentical_outcomes_breaker = 4\n".into();
+    let mut keel = Keel::start(&env).await;
+    let id = keel.start_run("How is F1?", None).await;
+    let results = std::cell::Cell::new(0);
+    keel.events_until(&id, None, None, |f| {
+        results.set(results.get() + usize::from(f.event == "tool_result"));
+        results.get() == 3
+    })
+    .await;
+    kill_9_once_asked(&mut keel, &model, 4).await;
+    let run = keel.wait_status(&id, "completed", None).await;
+    assert_eq!(run["output"], "F1 is running.");
+    let frames = keel.events(&id, None, None).await;
+    assert_gap_free(&frames, 1);
+    let warnings: Vec<_> = frames
+        .iter()
+        .filter(|f| f.event == "loop_detected")
+        .map(|f| &f.data)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0]["detector"], "global_circuit_breaker");
+    assert_eq!(warnings[0]["level"], "warning");
+    assert_eq!(warnings[0]["count"], 3, "{:?}", warnings[0]);
+    assert_eq!(tools.count("furnace"), 4);
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}

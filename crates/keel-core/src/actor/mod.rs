@@ -248,12 +248,13 @@ impl RunActor {
     }
 
     /// Puts back loop detection's records, which the store keeps beside
-    /// the run's state. One that does not read back (a damaged store) is
-    /// reported and the run goes on without them: its counters, and so the
-    /// breaker, are in the state itself.
+    /// the run's state, and the outcome counters counted from them. One
+    /// that does not read back (a damaged store) is reported and the run
+    /// goes on without them: the count of calls, and so the breaker on
+    /// it, is in the state itself.
     async fn load_call_records(&mut self) -> Result<(), Exit> {
-        let window = u32::try_from(keel_guard::loop_detect::HISTORY_WINDOW).unwrap_or(u32::MAX);
-        let stored = self.shared.store.call_records(&self.run_id, window).await?;
+        let wanted = self.state.calls.records_to_restore();
+        let stored = self.shared.store.call_records(&self.run_id, wanted).await?;
         // A failed restore leaves the history as loaded: counters only.
         if let Err(e) = self.state.calls.restore(stored) {
             tracing::warn!(run = %self.run_id, error = %e, "loop detection resumes without the run's earlier calls");

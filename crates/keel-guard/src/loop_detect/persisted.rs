@@ -1,6 +1,6 @@
-//! How a [`CallHistory`] is stored. Its counters are JSON in the run's loop
-//! state, written with every commit of the run. Its records are not: each
-//! is handed to the store once, by the commit that follows it
+//! How a [`CallHistory`] is stored. Its two counters are JSON in the run's
+//! loop state, written with every commit of the run. Its records are not:
+//! each is handed to the store once, by the commit that follows it
 //! ([`CallHistory::take_unstored`]), and the store keeps them beside the
 //! run, whence they are put back when the run is loaded
 //! ([`CallHistory::restore`]).
@@ -10,6 +10,14 @@
 //! no longer fitted its page, and each commit also rewrote the overflow.
 //! A state stored that way (by an earlier version) still loads: its records
 //! are in it, and its next commit hands them to the store.
+//!
+//! The outcome counters of the identical-outcomes breaker grew the same
+//! way: one entry per distinct result, about 30 bytes each, serialized and
+//! written at every commit (half the instructions of preparing a commit in
+//! a fifty-call run). Every record carries its outcome and every record is
+//! stored, so the counters are counted again from the stored records when
+//! the run is loaded; a state from an earlier version, which holds them,
+//! loads them as they are.
 //!
 //! Each record is encoded once, when it is recorded; the store gets that
 //! text, the JSON of the record's own serialization.
@@ -71,34 +79,54 @@ pub struct BadRecord {
 impl CallHistory {
     /// The records made since the last call, each with its place among the
     /// run's calls, for the commit that stores the state they counted in.
-    /// Records that left the window before they were stored are not.
     pub fn take_unstored(&mut self) -> Vec<StoredCall> {
-        // The newest `recorded - stored` records are the unstored ones, as
-        // many of them as the window still holds.
+        // The newest `recorded - stored` records are the unstored ones:
+        // those still in the window, after those that already left it.
         let new = self.recorded.saturating_sub(self.stored) as usize;
         let start = self.records.len().saturating_sub(new);
-        // Places start at 1: the window's first record is the one after
-        // those that left it.
-        let first = u64::from(self.recorded).saturating_sub(self.records.len() as u64) + 1;
-        let encoded = self.encoded.for_records(&self.records);
-        let mut out = Vec::with_capacity(self.records.len() - start);
+        let mut out = std::mem::take(&mut self.overflow);
+        out.reserve(self.records.len() - start);
         for (i, rec) in self.records.iter().enumerate().skip(start) {
-            let record = match encoded {
-                Some(encoded) => encoded[i].get().to_owned(),
-                None => match serde_json::to_string(rec) {
-                    Ok(text) => text,
-                    // Cannot happen for the history's own types; the
-                    // record is then left out of the stored history.
-                    Err(_) => continue,
-                },
-            };
-            out.push(StoredCall {
-                n: first + i as u64,
-                record,
-            });
+            if let Some(record) = self.encoded_at(i, rec) {
+                out.push(StoredCall {
+                    n: self.place_of(i),
+                    record,
+                });
+            }
         }
         self.stored = self.recorded;
         out
+    }
+
+    /// Keeps, for the next commit, the unstored ones among the `excess`
+    /// oldest records, about to leave the window.
+    pub(super) fn keep_unstored_leaving(&mut self, excess: usize) {
+        for i in 0..excess.min(self.records.len()) {
+            let n = self.place_of(i);
+            if n <= u64::from(self.stored) {
+                continue;
+            }
+            if let Some(record) = self.encoded_at(i, &self.records[i]) {
+                self.overflow.push(StoredCall { n, record });
+            }
+        }
+    }
+
+    /// The place among the run's calls of the window's `i`-th record.
+    /// Places start at 1: the window's first record is the one after
+    /// those that left it.
+    fn place_of(&self, i: usize) -> u64 {
+        u64::from(self.recorded).saturating_sub(self.records.len() as u64) + 1 + i as u64
+    }
+
+    /// The JSON of the window's `i`-th record, `rec`.
+    fn encoded_at(&self, i: usize, rec: &CallRecord) -> Option<String> {
+        match self.encoded.for_records(&self.records) {
+            Some(encoded) => Some(encoded[i].get().to_owned()),
+            // Cannot fail for the history's own types; the record is then
+            // left out of the stored history.
+            None => serde_json::to_string(rec).ok(),
+        }
     }
 
     /// Whether the history was loaded from a state that keeps its records
@@ -108,18 +136,43 @@ impl CallHistory {
         self.records.is_empty() && self.recorded > 0
     }
 
-    /// Puts back the records of the stored history: the store's last ones
-    /// (at most [`super::HISTORY_WINDOW`]), oldest first.
+    /// How many of the run's stored records [`Self::restore`] needs, the
+    /// latest first: all of them when the outcome counters are to be
+    /// counted again, else those of the window.
+    pub fn records_to_restore(&self) -> u32 {
+        if self.outcomes_unloaded {
+            u32::MAX
+        } else {
+            u32::try_from(super::HISTORY_WINDOW).unwrap_or(u32::MAX)
+        }
+    }
+
+    /// Puts back the records of the stored history, oldest first: the
+    /// window keeps the last [`super::HISTORY_WINDOW`]; the outcome
+    /// counters, when the state did not hold them, are counted over all
+    /// (the run's every record, as [`Self::records_to_restore`] asks).
     pub fn restore(&mut self, stored: Vec<StoredCall>) -> Result<(), BadRecord> {
-        let mut records = Vec::with_capacity(stored.len());
-        let mut encoded = Vec::with_capacity(stored.len());
         let skip = stored.len().saturating_sub(super::HISTORY_WINDOW);
-        for StoredCall { n, record } in stored.into_iter().skip(skip) {
+        let mut records = Vec::with_capacity(stored.len() - skip);
+        let mut encoded = Vec::with_capacity(stored.len() - skip);
+        let mut outcomes = BTreeMap::new();
+        for (i, StoredCall { n, record }) in stored.into_iter().enumerate() {
+            if i < skip && !self.outcomes_unloaded {
+                continue;
+            }
             let rec: CallRecord =
                 serde_json::from_str(&record).map_err(|source| BadRecord { n, source })?;
-            let raw = RawValue::from_string(record).map_err(|source| BadRecord { n, source })?;
-            records.push(rec);
-            encoded.push(raw);
+            super::count_outcome(&mut outcomes, &rec);
+            if i >= skip {
+                let raw =
+                    RawValue::from_string(record).map_err(|source| BadRecord { n, source })?;
+                records.push(rec);
+                encoded.push(raw);
+            }
+        }
+        if self.outcomes_unloaded {
+            self.outcomes = outcomes;
+            self.outcomes_unloaded = false;
         }
         self.progress = super::progress::Progress::of(&records);
         self.encoded = EncodedRecords(encoded);
@@ -131,10 +184,9 @@ impl CallHistory {
 
 impl Serialize for CallHistory {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut s = serializer.serialize_struct("CallHistory", 3)?;
+        let mut s = serializer.serialize_struct("CallHistory", 2)?;
         s.serialize_field("recorded", &self.recorded)?;
         s.serialize_field("executed", &self.executed)?;
-        s.serialize_field("outcomes", &self.outcomes)?;
         s.end()
     }
 }
@@ -147,7 +199,8 @@ struct Stored {
     records: Option<Vec<CallRecord>>,
     recorded: u32,
     executed: u32,
-    outcomes: BTreeMap<String, u32>,
+    /// Present only in a state stored by an earlier version.
+    outcomes: Option<BTreeMap<String, u32>>,
 }
 
 impl<'de> Deserialize<'de> for CallHistory {
@@ -166,6 +219,16 @@ impl<'de> Deserialize<'de> for CallHistory {
             }
             None => (Vec::new(), recorded),
         };
+        // Without its counters, a state that holds its records counts them
+        // from those; one that does not waits for the store's.
+        let outcomes_unloaded = outcomes.is_none() && records.is_empty() && recorded > 0;
+        let outcomes = outcomes.unwrap_or_else(|| {
+            let mut counted = BTreeMap::new();
+            for rec in &records {
+                super::count_outcome(&mut counted, rec);
+            }
+            counted
+        });
         Ok(CallHistory {
             encoded: EncodedRecords::of(&records),
             progress: super::progress::Progress::of(&records),
@@ -173,6 +236,8 @@ impl<'de> Deserialize<'de> for CallHistory {
             recorded,
             executed,
             outcomes,
+            outcomes_unloaded,
+            overflow: Vec::new(),
             stored,
         })
     }

@@ -59,7 +59,9 @@ fn stored_and_loaded(h: &mut CallHistory, store: &mut Vec<StoredCall>) -> CallHi
     let mut loaded: CallHistory = serde_json::from_str(&text).unwrap();
     assert_eq!(loaded.awaits_records(), !h.is_empty());
     if loaded.awaits_records() {
-        let last = store.len().saturating_sub(HISTORY_WINDOW);
+        // What the store answers: its latest records, as many as asked.
+        let wanted = loaded.records_to_restore() as usize;
+        let last = store.len().saturating_sub(wanted);
         loaded.restore(store[last..].to_vec()).unwrap();
     }
     loaded
@@ -731,7 +733,8 @@ fn window_is_capped_but_breaker_counts_everything() {
 #[test]
 fn the_stored_history_is_its_records_as_they_serialize() {
     // Records encoded when recorded, across the window's cut and a
-    // restore, are stored as the records themselves, each once, in order.
+    // restore, are stored as the records themselves, each once, in order,
+    // and the outcome counters come back from them.
     let mut h = CallHistory::default();
     for i in 0..(HISTORY_WINDOW + 3) {
         let mut step = ok("t", json!({"i": i}), format!("{i}"));
@@ -743,11 +746,13 @@ fn the_stored_history_is_its_records_as_they_serialize() {
     }
     let mut store = Vec::new();
     let mut restored = stored_and_loaded(&mut h, &mut store);
-    // The three that left the window before a commit are never stored.
-    assert_eq!(store.len(), HISTORY_WINDOW);
-    assert_eq!(store[0].n, 4);
-    assert_eq!(store[HISTORY_WINDOW - 1].n as usize, HISTORY_WINDOW + 3);
-    let texts: Vec<Value> = store
+    // The three that left the window before a commit are stored too: the
+    // outcome counters are counted again from every stored record.
+    assert_eq!(
+        store.iter().map(|c| c.n as usize).collect::<Vec<_>>(),
+        (1..=HISTORY_WINDOW + 3).collect::<Vec<_>>()
+    );
+    let texts: Vec<Value> = store[3..]
         .iter()
         .map(|c| serde_json::from_str(&c.record).unwrap())
         .collect();
@@ -759,8 +764,8 @@ fn the_stored_history_is_its_records_as_they_serialize() {
     assert!(h.take_unstored().is_empty(), "each record is stored once");
     restored.record(record_of(&ok("u", json!({}), "done")));
     let again = stored_and_loaded(&mut restored, &mut store);
-    assert_eq!(store.len(), HISTORY_WINDOW + 1);
-    assert_eq!(store[HISTORY_WINDOW].n as usize, HISTORY_WINDOW + 4);
+    assert_eq!(store.len(), HISTORY_WINDOW + 4);
+    assert_eq!(store[HISTORY_WINDOW + 3].n as usize, HISTORY_WINDOW + 4);
     assert_eq!(again, restored);
     assert_eq!(again.records()[HISTORY_WINDOW - 1].tool, "u");
 }
@@ -1050,4 +1055,85 @@ fn progress_kept_as_records_come_matches_the_whole_window() {
         flags_from_scratch(restored.records())
     );
     assert!(restored.progress.flags().iter().any(|&c| c));
+}
+
+#[test]
+fn outcome_counters_come_back_from_the_stored_records() {
+    // A lookup keeps finding nothing, its first failures long out of the
+    // window by now; meanwhile more distinct results than the counters keep.
+    // Committed every few calls, the state stays the same size, and loaded
+    // again the breaker counts every earlier failure.
+    let s = LoopDetection {
+        identical_outcomes_breaker: 5,
+        max_tool_calls_breaker: 0,
+        ..LoopDetection::default()
+    };
+    let mut h = CallHistory::default();
+    let mut store = Vec::new();
+    let mut state_sizes = std::collections::BTreeSet::new();
+    let calls = MAX_OUTCOME_KEYS + 300;
+    for i in 0..calls {
+        let step = if i % 150 == 0 {
+            ok("lookup", json!({"key": i}), "not found")
+        } else {
+            ok("scan", json!({"i": i}), format!("row {i}"))
+        };
+        h.record(record_of(&step));
+        if i % 7 == 0 {
+            store.extend(h.take_unstored());
+            state_sizes.insert(serde_json::to_string(&h).unwrap().len());
+        }
+    }
+    // Only the digits of the two counters change the state's size.
+    assert!(state_sizes.len() <= 4, "{state_sizes:?}");
+    let failures = calls.div_ceil(150) as u32;
+    assert_eq!(failures, 6);
+    let mut loaded = stored_and_loaded(&mut h, &mut store);
+    assert_eq!(loaded, h);
+    assert_eq!(loaded.outcomes.len(), h.outcomes.len());
+    // The latest failure is in the window, and names the outcome counted.
+    loaded.record(record_of(&ok(
+        "lookup",
+        json!({"key": "again"}),
+        "not found",
+    )));
+    assert_eq!(
+        probe(&loaded, "lookup", &json!({"key": "more"}), false, &s),
+        Some((GlobalCircuitBreaker, Critical))
+    );
+    // Counted from the window's records alone, the breaker would not fire.
+    let text = serde_json::to_string(&h).unwrap();
+    let mut window_only: CallHistory = serde_json::from_str(&text).unwrap();
+    window_only
+        .restore(store[store.len() - HISTORY_WINDOW..].to_vec())
+        .unwrap();
+    window_only.record(record_of(&ok(
+        "lookup",
+        json!({"key": "again"}),
+        "not found",
+    )));
+    assert_eq!(
+        probe(&window_only, "lookup", &json!({"key": "more"}), false, &s),
+        None
+    );
+}
+
+#[test]
+fn a_state_with_its_outcome_counters_loads_them_as_they_are() {
+    // An earlier version wrote the counters into the state.
+    let mut old = CallHistory::default();
+    for i in 0..4 {
+        old.record(record_of(&ok("t", json!({"i": i}), "same")));
+    }
+    let mut store = old.take_unstored();
+    let text = json!({
+        "recorded": 4,
+        "executed": 4,
+        "outcomes": {format!("{} t", old.records()[0].outcome.clone().unwrap()): 9},
+    });
+    let mut loaded: CallHistory = serde_json::from_value(text).unwrap();
+    assert_eq!(loaded.records_to_restore() as usize, HISTORY_WINDOW);
+    loaded.restore(std::mem::take(&mut store)).unwrap();
+    // The state's counter stands, not one counted from the four records.
+    assert_eq!(loaded.outcomes.values().copied().collect::<Vec<_>>(), [9]);
 }

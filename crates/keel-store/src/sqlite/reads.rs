@@ -110,8 +110,7 @@ pub(super) fn events_after(
     Ok(events)
 }
 
-/// Earlier runs' messages first, then the run's own, each in insertion
-/// order; runs created after this one are not part of its history.
+/// The run's last `limit` call records, oldest first.
 pub(super) fn call_records(
     conn: &Connection,
     run_id: &str,
@@ -139,6 +138,8 @@ pub(super) fn call_records(
     Ok(calls)
 }
 
+/// Earlier runs' messages first, then the run's own, each in insertion
+/// order; runs created after this one are not part of its history.
 pub(super) fn history(conn: &Connection, run_id: &str) -> Result<Vec<Message>, StoreError> {
     let (tenant, session, ord): (String, String, i64) = conn
         .prepare_cached("SELECT tenant, session, ord FROM runs WHERE id = ?1")
