@@ -1086,36 +1086,23 @@ fn outcome_counters_come_back_from_the_stored_records() {
     }
     // Only the digits of the two counters change the state's size.
     assert!(state_sizes.len() <= 4, "{state_sizes:?}");
-    let failures = calls.div_ceil(150) as u32;
-    assert_eq!(failures, 6);
-    let mut loaded = stored_and_loaded(&mut h, &mut store);
+    // One more failure, now in the window: the breaker names its outcome.
+    let fails_again = |mut h: CallHistory| {
+        h.record(record_of(&ok("lookup", json!({"key": 0}), "not found")));
+        probe(&h, "lookup", &json!({"key": 1}), false, &s)
+    };
+    let loaded = stored_and_loaded(&mut h, &mut store);
     assert_eq!(loaded, h);
     assert_eq!(loaded.outcomes.len(), h.outcomes.len());
-    // The latest failure is in the window, and names the outcome counted.
-    loaded.record(record_of(&ok(
-        "lookup",
-        json!({"key": "again"}),
-        "not found",
-    )));
-    assert_eq!(
-        probe(&loaded, "lookup", &json!({"key": "more"}), false, &s),
-        Some((GlobalCircuitBreaker, Critical))
-    );
-    // Counted from the window's records alone, the breaker would not fire.
+    // Six failures before, the seventh now: past the breaker's five.
+    assert_eq!(fails_again(loaded), Some((GlobalCircuitBreaker, Critical)));
+    // Counted from the window's records alone (one failure), it would not be.
     let text = serde_json::to_string(&h).unwrap();
     let mut window_only: CallHistory = serde_json::from_str(&text).unwrap();
     window_only
         .restore(store[store.len() - HISTORY_WINDOW..].to_vec())
         .unwrap();
-    window_only.record(record_of(&ok(
-        "lookup",
-        json!({"key": "again"}),
-        "not found",
-    )));
-    assert_eq!(
-        probe(&window_only, "lookup", &json!({"key": "more"}), false, &s),
-        None
-    );
+    assert_eq!(fails_again(window_only), None);
 }
 
 #[test]
