@@ -155,14 +155,17 @@ impl CallHistory {
         let skip = stored.len().saturating_sub(super::HISTORY_WINDOW);
         let mut records = Vec::with_capacity(stored.len() - skip);
         let mut encoded = Vec::with_capacity(stored.len() - skip);
+        let recount = self.outcomes_unloaded;
         let mut outcomes = BTreeMap::new();
         for (i, StoredCall { n, record }) in stored.into_iter().enumerate() {
-            if i < skip && !self.outcomes_unloaded {
+            if i < skip && !recount {
                 continue;
             }
             let rec: CallRecord =
                 serde_json::from_str(&record).map_err(|source| BadRecord { n, source })?;
-            super::count_outcome(&mut outcomes, &rec);
+            if recount {
+                super::count_outcome(&mut outcomes, &rec);
+            }
             if i >= skip {
                 let raw =
                     RawValue::from_string(record).map_err(|source| BadRecord { n, source })?;
@@ -170,7 +173,7 @@ impl CallHistory {
                 encoded.push(raw);
             }
         }
-        if self.outcomes_unloaded {
+        if recount {
             self.outcomes = outcomes;
             self.outcomes_unloaded = false;
         }
