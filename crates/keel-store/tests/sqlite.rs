@@ -370,10 +370,57 @@ async fn a_version_6_database_keeps_its_events_and_their_order() {
     // A run's sequence numbers stay unique.
     let conn = rusqlite::Connection::open(&path).unwrap();
     let duplicate = conn.execute(
-        "INSERT INTO events (run_id, seq, type, body, ts) VALUES (?1, 4, 'x', '{}', 'now')",
+        "INSERT INTO events (run_id, seq, last_seq, body, ts) VALUES (?1, 4, 4, '{}', 'now')",
         [&run.id],
     );
     assert!(duplicate.is_err(), "a second event 4 was stored");
+}
+
+/// A tool turn's events are written as one row, and a cursor anywhere inside
+/// that row resumes at the next event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_of_one_commit_are_one_row_read_from_any_point() {
+    let (_dir, path, store, _tenant, run) = store_with_a_run().await;
+    let deltas = |texts: &[&str]| Commit {
+        events: texts
+            .iter()
+            .map(|t| EventKind::MessageDelta { text: (*t).into() })
+            .collect(),
+        ..Commit::default()
+    };
+    store
+        .commit(&run.id, deltas(&["a", "b", "c", "d", "e", "f"]))
+        .await
+        .unwrap();
+    store
+        .commit(&run.id, deltas(&["g", "line\nbreak"]))
+        .await
+        .unwrap();
+    let rows: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM events WHERE run_id = ?1",
+            [&run.id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(rows, 2, "one row per commit");
+
+    let seqs = |events: Vec<keel_protocol::Event>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+    assert_eq!(
+        seqs(store.events_after(&run.id, 3, 2).await.unwrap()),
+        [4, 5]
+    );
+    assert_eq!(
+        seqs(store.events_after(&run.id, 5, 100).await.unwrap()),
+        [6, 7, 8]
+    );
+    assert_eq!(seqs(store.events_after(&run.id, 6, 1).await.unwrap()), [7]);
+    let last = store.events_after(&run.id, 7, 100).await.unwrap();
+    assert!(
+        matches!(&last[..], [e] if matches!(&e.kind, EventKind::MessageDelta { text } if text == "line\nbreak")),
+        "a line break inside an event survives: {last:?}"
+    );
 }
 
 /// A database file at schema `version`, as a build of that version left it.

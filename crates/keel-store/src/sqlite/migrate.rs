@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0006_message_ids.sql"),
     include_str!("../../migrations/sqlite/0007_events_appended.sql"),
     include_str!("../../migrations/sqlite/0008_run_calls.sql"),
+    include_str!("../../migrations/sqlite/0009_event_batches.sql"),
 ];
 
 /// The schema version this build writes.

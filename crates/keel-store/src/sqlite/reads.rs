@@ -94,18 +94,38 @@ pub(super) fn events_after(
     limit: u32,
 ) -> Result<Vec<Event>, StoreError> {
     // Every stored seq is below i64::MAX, so clamping keeps the meaning.
-    let after = to_i64(after, "seq").unwrap_or(i64::MAX);
+    let after_sql = to_i64(after, "seq").unwrap_or(i64::MAX);
+    // A row holds one commit's events `seq..=last_seq`, one per line (schema
+    // v9): the rows whose last event is past the cursor, in order, until
+    // `limit` events. Lines at or before the cursor are skipped unparsed.
     let mut stmt = conn
         .prepare_cached(
-            "SELECT body FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            "SELECT seq, body FROM events WHERE run_id = ?1 AND last_seq > ?2 ORDER BY last_seq",
         )
         .map_err(db("preparing event query"))?;
-    let rows = stmt
-        .query_map(params![run_id, after, limit], |r| r.get::<_, String>(0))
+    let mut rows = stmt
+        .query(params![run_id, after_sql])
         .map_err(db("reading events"))?;
+    let wanted = usize::try_from(limit).unwrap_or(usize::MAX);
     let mut events = Vec::new();
-    for body in rows {
-        events.push(from_json(&body.map_err(db("reading event"))?, "event")?);
+    while events.len() < wanted {
+        let Some(row) = rows.next().map_err(db("reading events"))? else {
+            break;
+        };
+        let first = to_u64(row.get(0).map_err(db("reading event"))?, "seq")?;
+        let body = row.get_ref(1).map_err(db("reading event"))?;
+        let body = body
+            .as_str()
+            .map_err(|e| StoreError::Backend(format!("stored event is not text: {e}")))?;
+        // Its lines `first..=after` are behind the cursor.
+        let behind = after.checked_sub(first).map_or(0, |d| d.saturating_add(1));
+        let skip = usize::try_from(behind).unwrap_or(usize::MAX);
+        for line in body.split('\n').skip(skip) {
+            events.push(from_json::<Event>(line, "event")?);
+            if events.len() == wanted {
+                break;
+            }
+        }
     }
     Ok(events)
 }

@@ -127,23 +127,27 @@ pub(super) fn commit(
     let last = to_u64(last_seq, "last_seq")?;
     let events = crate::numbering::number_events(run_id, last, ts, commit.events)?;
     let seq = events.last().map_or(last, |e| e.seq);
-    if !events.is_empty() {
-        let mut insert = conn
-            .prepare_cached(
-                "INSERT INTO events (run_id, seq, type, body, ts) VALUES (?1, ?2, ?3, ?4, ?5)",
-            )
-            .map_err(db("preparing event insert"))?;
+    if let (Some(first), Some(newest)) = (events.first(), events.last()) {
+        // One row per commit (schema v9): the events one per line.
+        let mut body = String::with_capacity(events.len() * 256);
         for event in &events {
-            insert
-                .execute(params![
-                    run_id,
-                    to_i64(event.seq, "seq")?,
-                    event.type_name(),
-                    event.json().map_err(crate::numbering::event_encoding)?,
-                    ts_text,
-                ])
-                .map_err(db("inserting event"))?;
+            if !body.is_empty() {
+                body.push('\n');
+            }
+            body.push_str(event.json().map_err(crate::numbering::event_encoding)?);
         }
+        conn.prepare_cached(
+            "INSERT INTO events (run_id, seq, last_seq, body, ts) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .map_err(db("preparing event insert"))?
+        .execute(params![
+            run_id,
+            to_i64(first.seq, "seq")?,
+            to_i64(newest.seq, "seq")?,
+            body,
+            ts_text,
+        ])
+        .map_err(db("inserting events"))?;
     }
 
     if !commit.messages.is_empty() {
