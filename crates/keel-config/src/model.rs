@@ -1117,14 +1117,26 @@ impl Default for MemoryConfig {
 /// of stars (trying every split at every star is exponential in them, and
 /// this runs for every tool call a hook, policy rule or verify rule sees).
 pub fn tool_pattern_matches(pattern: &str, name: &str) -> bool {
+    if !pattern.contains('*') {
+        return pattern == name;
+    }
+    // Tool names and patterns are ASCII in practice: their bytes are their
+    // characters, and matching them needs no copy.
+    if pattern.is_ascii() && name.is_ascii() {
+        return wildcard_matches(pattern.as_bytes(), name.as_bytes(), b'*');
+    }
     let pattern: Vec<char> = pattern.chars().collect();
     let name: Vec<char> = name.chars().collect();
+    wildcard_matches(&pattern, &name, '*')
+}
+
+fn wildcard_matches<T: Copy + PartialEq>(pattern: &[T], name: &[T], any: T) -> bool {
     let (mut p, mut n) = (0, 0);
     // Just after the last star seen, and where in `name` its run ends now.
     let mut star: Option<(usize, usize)> = None;
     while n < name.len() {
         match pattern.get(p) {
-            Some('*') => {
+            Some(c) if *c == any => {
                 p += 1;
                 star = Some((p, n));
             }
@@ -1143,7 +1155,7 @@ pub fn tool_pattern_matches(pattern: &str, name: &str) -> bool {
             },
         }
     }
-    pattern[p..].iter().all(|c| *c == '*')
+    pattern[p..].iter().all(|c| *c == any)
 }
 
 #[cfg(test)]
@@ -1215,6 +1227,9 @@ mod tests {
         assert!(m("", ""));
         assert!(!m("", "a"));
         assert!(m("é*ü", "éaü"));
+        assert!(m("a*", "aé"), "an ASCII pattern, a name that is not");
+        assert!(!m("a*b", "aéc"));
+        assert!(m("*é", "xxé"));
     }
 
     /// Found by the `config_toml` fuzz target: a pattern with a few hundred
