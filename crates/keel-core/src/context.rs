@@ -4,6 +4,8 @@
 //! pieces, persisted with the run's state, so a restarted node rebuilds the
 //! exact prompt the run had.
 
+use std::sync::Arc;
+
 use keel_protocol::Message;
 use serde::{Deserialize, Serialize};
 
@@ -44,7 +46,9 @@ impl ContextView {
         }
     }
 
-    pub fn render(&self, history: &[Message]) -> Vec<Message> {
+    /// The messages the model sees, shared with `history` (a note is
+    /// copied: notes are few, and only after a compaction or a reset).
+    pub fn render(&self, history: &[Arc<Message>]) -> Vec<Arc<Message>> {
         let mut out = Vec::with_capacity(history.len() + 2);
         for piece in &self.pieces {
             match piece {
@@ -54,7 +58,7 @@ impl ContextView {
                         out.extend_from_slice(&history[*from..end]);
                     }
                 }
-                Piece::Note { message } => out.push(message.clone()),
+                Piece::Note { message } => out.push(Arc::new(message.clone())),
             }
         }
         out
@@ -76,7 +80,7 @@ impl ContextView {
     }
 
     /// The view without its first `skip` rendered messages, led by `head`.
-    pub fn replace_prefix(&self, history: &[Message], skip: usize, head: Message) -> Self {
+    pub fn replace_prefix(&self, history: &[Arc<Message>], skip: usize, head: Message) -> Self {
         let mut pieces = vec![Piece::Note { message: head }];
         let mut offset = 0usize;
         for piece in &self.pieces {
@@ -116,15 +120,15 @@ impl ContextView {
 /// tool result (its call must stay beside it) or in the middle of a turn
 /// whose calls are still being answered. `None` when nothing older than
 /// the tail exists to summarize.
-pub fn compaction_cut(messages: &[Message], keep: usize) -> Option<usize> {
+pub fn compaction_cut(messages: &[Arc<Message>], keep: usize) -> Option<usize> {
     let mut cut = messages.len().saturating_sub(keep.max(1));
-    while cut > 0 && matches!(messages[cut], Message::Tool { .. }) {
+    while cut > 0 && matches!(*messages[cut], Message::Tool { .. }) {
         cut -= 1;
     }
     // Keel's own notes (system messages) belong to the turn before them.
-    while cut > 0 && matches!(messages[cut], Message::System { .. }) {
+    while cut > 0 && matches!(*messages[cut], Message::System { .. }) {
         cut -= 1;
-        while cut > 0 && matches!(messages[cut], Message::Tool { .. }) {
+        while cut > 0 && matches!(*messages[cut], Message::Tool { .. }) {
             cut -= 1;
         }
     }
@@ -133,12 +137,12 @@ pub fn compaction_cut(messages: &[Message], keep: usize) -> Option<usize> {
 
 /// The smallest tail that must stay verbatim: from the last user message or
 /// the last turn with tool calls, whichever is newer.
-pub fn minimal_tail(messages: &[Message]) -> usize {
+pub fn minimal_tail(messages: &[Arc<Message>]) -> usize {
     messages
         .iter()
         .rposition(|m| {
-            matches!(m, Message::User { .. })
-                || matches!(m, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty())
+            matches!(**m, Message::User { .. })
+                || matches!(&**m, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty())
         })
         .unwrap_or(0)
 }
@@ -146,7 +150,7 @@ pub fn minimal_tail(messages: &[Message]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keel_protocol::ToolCall;
+    use keel_protocol::{ToolCall, shared_messages};
 
     fn call(id: &str) -> Message {
         Message::Assistant {
@@ -169,29 +173,32 @@ mod tests {
 
     #[test]
     fn default_view_is_the_whole_history() {
-        let h = vec![Message::user("a"), call("1"), result("1")];
+        let h = shared_messages(vec![Message::user("a"), call("1"), result("1")]);
         assert_eq!(ContextView::default().render(&h), h);
     }
 
     #[test]
     fn restart_shows_the_brief_and_only_newer_messages() {
-        let mut h = vec![Message::user("a"), call("1"), result("1")];
+        let mut h = shared_messages(vec![Message::user("a"), call("1"), result("1")]);
         let v = ContextView::restart(Message::user("brief"), h.len());
-        assert_eq!(v.render(&h), vec![Message::user("brief")]);
-        h.push(call("2"));
-        assert_eq!(v.render(&h), vec![Message::user("brief"), call("2")]);
+        assert_eq!(v.render(&h), shared_messages(vec![Message::user("brief")]));
+        h.push(Arc::new(call("2")));
+        assert_eq!(
+            v.render(&h),
+            shared_messages(vec![Message::user("brief"), call("2")])
+        );
     }
 
     #[test]
     fn cut_never_separates_a_call_from_its_result() {
-        let h = vec![
+        let h = shared_messages(vec![
             Message::user("goal"),
             call("1"),
             result("1"),
             call("2"),
             result("2"),
             Message::system("note"),
-        ];
+        ]);
         // keep 2 would start at result("2"): moves back to its call.
         assert_eq!(compaction_cut(&h, 2), Some(3));
         assert_eq!(compaction_cut(&h, 1), Some(3));
@@ -200,34 +207,37 @@ mod tests {
 
     #[test]
     fn replacing_a_prefix_keeps_the_tail_and_follows_new_messages() {
-        let mut h = vec![
+        let mut h = shared_messages(vec![
             Message::user("goal"),
             call("1"),
             result("1"),
             call("2"),
             result("2"),
-        ];
+        ]);
         let v = ContextView::default().replace_prefix(&h, 3, Message::user("summary"));
         assert_eq!(
             v.render(&h),
-            vec![Message::user("summary"), call("2"), result("2")]
+            shared_messages(vec![Message::user("summary"), call("2"), result("2")])
         );
-        h.push(call("3"));
-        assert_eq!(v.render(&h).last(), Some(&call("3")));
+        h.push(Arc::new(call("3")));
+        assert_eq!(v.render(&h).last(), Some(&Arc::new(call("3"))));
         // A second compaction over a view that starts with a note.
         let v2 = v.replace_prefix(&h, 3, Message::user("summary 2"));
-        assert_eq!(v2.render(&h), vec![Message::user("summary 2"), call("3")]);
-        h.push(result("3"));
-        assert_eq!(v2.render(&h).last(), Some(&result("3")));
+        assert_eq!(
+            v2.render(&h),
+            shared_messages(vec![Message::user("summary 2"), call("3")])
+        );
+        h.push(Arc::new(result("3")));
+        assert_eq!(v2.render(&h).last(), Some(&Arc::new(result("3"))));
     }
 
     #[test]
     fn frozen_view_stops_at_its_length() {
-        let mut h = vec![Message::user("goal"), call("1"), result("1")];
+        let mut h = shared_messages(vec![Message::user("goal"), call("1"), result("1")]);
         let frozen = ContextView {
             pieces: ContextView::default().frozen(h.len()),
         };
-        h.push(call("2"));
+        h.push(Arc::new(call("2")));
         assert_eq!(frozen.render(&h).len(), 3);
     }
 }

@@ -46,8 +46,11 @@ impl RedactingModel {
             return None;
         }
         let mut clean = request.clone();
+        // Only the messages with a secret are copied out of the shared prompt.
         for m in &mut clean.messages {
-            redact_message(r, m);
+            if message_has_secret(r, m) {
+                redact_message(r, Arc::make_mut(m));
+            }
         }
         for t in &mut clean.tools {
             r.redact_string(&mut t.name);
@@ -241,6 +244,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use keel_protocol::shared_messages;
 
     const SECRET: &str = "sk-live-abcdef0123456789";
 
@@ -291,7 +295,7 @@ mod tests {
         let redactor = Redactor::new([SECRET]).unwrap();
         let model = RedactingModel::wrap(echo.clone(), &redactor);
         let request = ModelRequest {
-            messages: vec![Message::user(format!("use {SECRET}"))],
+            messages: shared_messages(vec![Message::user(format!("use {SECRET}"))]),
             ..Default::default()
         };
         let (tx, rx) = unbounded();
@@ -305,7 +309,10 @@ mod tests {
             r#"{"token":"[redacted]"}"#
         );
         let seen = echo.seen.lock().unwrap();
-        assert_eq!(seen[0].messages, vec![Message::user("use [redacted]")]);
+        assert_eq!(
+            seen[0].messages,
+            shared_messages(vec![Message::user("use [redacted]")])
+        );
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@
 use crate::transcript::{keep_tail, render};
 use std::sync::Arc;
 
-use keel_protocol::{Message, ModelRequest, Principal, StoreError};
+use keel_protocol::{Message, ModelRequest, Principal, StoreError, shared_messages};
 use serde::Serialize;
 
 use crate::error::CoreError;
@@ -78,10 +78,10 @@ impl Runtime {
         } else {
             let request = ModelRequest {
                 cache: Default::default(),
-                messages: vec![
+                messages: shared_messages(vec![
                     Message::system(SUMMARY_PROMPT),
                     Message::user(keep_tail(&transcript, MAX_TRANSCRIPT_CHARS)),
-                ],
+                ]),
                 tools: Vec::new(),
                 max_output_tokens: Some(1024),
             };

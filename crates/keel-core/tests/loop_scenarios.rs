@@ -238,7 +238,7 @@ async fn invalid_arguments_go_back_to_the_model_for_repair() {
     );
     // The violation reached the model as the call's own result.
     let second = rt.model().request(1).unwrap();
-    let Some(Message::Tool { content, .. }) = second.messages.last() else {
+    let Some(Message::Tool { content, .. }) = second.messages.last().map(|m| &**m) else {
         panic!("the second request ends with the tool result: {second:?}");
     };
     assert!(content.contains("invalid_arguments"), "{content}");
@@ -427,7 +427,7 @@ async fn steering_skips_the_rest_of_the_turn_and_reaches_the_model() {
     );
     let second = rt.model().request(1).unwrap();
     assert_eq!(
-        second.messages.last(),
+        second.messages.last().map(|m| &**m),
         Some(&Message::user("Forget F9, check F4 instead"))
     );
     let skipped = tool_messages(&second);

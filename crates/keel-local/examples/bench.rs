@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use keel_local::{LocalModel, LocalSettings};
-use keel_protocol::{Message, ModelClient, ModelRequest, ToolSchema};
+use keel_protocol::{Message, ModelClient, ModelRequest, ToolSchema, shared_messages};
 use serde_json::json;
 
 /// Measurements per thread count; the table shows medians.
@@ -57,7 +57,7 @@ fn operations_text(sentences: usize) -> String {
 fn plain(sentences: usize, max: u32) -> ModelRequest {
     ModelRequest {
         cache: Default::default(),
-        messages: vec![Message::user(operations_text(sentences))],
+        messages: shared_messages(vec![Message::user(operations_text(sentences))]),
         tools: Vec::new(),
         max_output_tokens: Some(max),
     }
@@ -74,10 +74,10 @@ fn with_tools(max: u32) -> ModelRequest {
     };
     ModelRequest {
         cache: Default::default(),
-        messages: vec![
+        messages: shared_messages(vec![
             Message::system("You are the plant operations assistant."),
             Message::user(operations_text(5)),
-        ],
+        ]),
         tools: vec![
             tool(
                 "furnace_status",

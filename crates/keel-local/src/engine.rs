@@ -4,8 +4,8 @@
 //! within one token once nobody waits for its answer.
 
 use std::num::NonZeroU32;
-use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use futures::channel::mpsc::UnboundedSender;
@@ -405,11 +405,11 @@ impl<'m> Engine<'m> {
     /// prompt or the last message) until they fit in `limit`.
     fn fit_prompt(
         &self,
-        messages: &[Message],
+        messages: &[Arc<Message>],
         protocol: Option<&str>,
         limit: usize,
     ) -> Result<Vec<LlamaToken>, LocalError> {
-        let mut kept: Vec<Message> = messages.to_vec();
+        let mut kept: Vec<Arc<Message>> = messages.to_vec();
         loop {
             let text = self
                 .template
@@ -426,7 +426,7 @@ impl<'m> Engine<'m> {
             let droppable = kept
                 .iter()
                 .enumerate()
-                .filter(|(_, m)| !matches!(m, Message::System { .. }))
+                .filter(|(_, m)| !matches!(m.as_ref(), Message::System { .. }))
                 .map(|(i, _)| i)
                 .collect::<Vec<_>>();
             match droppable.as_slice() {

@@ -3,6 +3,7 @@
 //! user turns (small models' templates know no tool role), and same-role
 //! turns merged (some templates require alternation).
 
+use std::borrow::Borrow;
 use std::fmt::Write as _;
 
 use keel_protocol::{Message, ToolCall, ToolSchema};
@@ -57,10 +58,10 @@ pub(crate) fn protocol(tools: &[&ToolSchema], clarify: bool) -> String {
 }
 
 /// Turns for the template; `protocol` joins the first system message.
-pub(crate) fn render(messages: &[Message], protocol: Option<&str>) -> Vec<Turn> {
+pub(crate) fn render<M: Borrow<Message>>(messages: &[M], protocol: Option<&str>) -> Vec<Turn> {
     let mut out: Vec<Turn> = Vec::with_capacity(messages.len() + 1);
     let mut rest = messages;
-    let system = match (messages.first(), protocol) {
+    let system = match (messages.first().map(Borrow::borrow), protocol) {
         (Some(Message::System { content }), Some(p)) => {
             rest = &messages[1..];
             Some(format!("{content}\n\n{p}"))
@@ -79,7 +80,7 @@ pub(crate) fn render(messages: &[Message], protocol: Option<&str>) -> Vec<Turn> 
         });
     }
     for message in rest {
-        let turn = match message {
+        let turn = match message.borrow() {
             Message::System { content } => Turn {
                 role: "system",
                 content: content.clone(),

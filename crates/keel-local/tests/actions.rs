@@ -7,7 +7,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use keel_guard::schema::{CompiledSchema, normalize};
-use keel_protocol::{Message, ModelClient, ModelRequest, ModelResponse, ToolSchema};
+use keel_protocol::{
+    Message, ModelClient, ModelRequest, ModelResponse, ToolSchema, shared_messages,
+};
 use serde_json::Value;
 
 const PROMPTS: [&str; 50] = [
@@ -66,10 +68,10 @@ const PROMPTS: [&str; 50] = [
 fn request(prompt: &str, tools: &[ToolSchema], max_output_tokens: Option<u32>) -> ModelRequest {
     ModelRequest {
         cache: Default::default(),
-        messages: vec![
+        messages: shared_messages(vec![
             Message::system("You are the plant operations assistant."),
             Message::user(prompt),
-        ],
+        ]),
         tools: tools.to_vec(),
         max_output_tokens,
     }
@@ -171,7 +173,7 @@ async fn history_with_tool_use_still_gives_valid_actions() {
     };
     let request = ModelRequest {
         cache: Default::default(),
-        messages: vec![
+        messages: shared_messages(vec![
             Message::system("You are the plant operations assistant."),
             Message::user("How is F2?"),
             Message::Assistant {
@@ -184,7 +186,7 @@ async fn history_with_tool_use_still_gives_valid_actions() {
                 content: r#"{"furnace_id":"F2","temperature_c":1180,"state":"running"}"#.into(),
                 is_error: false,
             },
-        ],
+        ]),
         tools: tools.clone(),
         max_output_tokens: None,
     };

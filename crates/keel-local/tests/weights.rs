@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use keel_local::{LocalModel, LocalSettings};
-use keel_protocol::{Message, ModelClient, ModelRequest};
+use keel_protocol::{Message, ModelClient, ModelRequest, shared_messages};
 
 /// A private copy of the test GGUF, so this test makes its own Q8_0 copy.
 struct Scratch(PathBuf);
@@ -50,7 +50,7 @@ fn load(path: &Path, requantize: bool) -> LocalModel {
 async fn greedy(model: &LocalModel, prompt: &str) -> String {
     let request = ModelRequest {
         cache: Default::default(),
-        messages: vec![Message::user(prompt)],
+        messages: shared_messages(vec![Message::user(prompt)]),
         tools: Vec::new(),
         max_output_tokens: Some(12),
     };

@@ -24,7 +24,7 @@ pub use event::{
 pub use message::{Message, ToolCall};
 pub use model::{
     CLARIFY_TOOL, ModelClient, ModelError, ModelRequest, ModelResponse, PreviousCost, RequestGate,
-    TokenUsage, ToolSchema, Understanding, Ungated, WireCache,
+    TokenUsage, ToolSchema, Understanding, Ungated, WireCache, shared_messages,
 };
 pub use principal::Principal;
 pub use quota::{MICROS_PER_USD, QuotaKey, QuotaLimit, usd_to_micros};

@@ -30,7 +30,12 @@ pub struct ToolSchema {
 
 #[derive(Debug, Clone, Default)]
 pub struct ModelRequest {
-    pub messages: Vec<Message>,
+    /// The prompt. Each message is shared, not owned: a run builds a
+    /// request from its history at every step, so the request counts
+    /// references to the history's messages instead of copying each one,
+    /// and a provider that kept the messages it last sent finds the old
+    /// ones unchanged by comparing pointers.
+    pub messages: Vec<Arc<Message>>,
     /// Functions offered; empty means a tool-less call.
     pub tools: Vec<ToolSchema>,
     pub max_output_tokens: Option<u32>,
@@ -38,6 +43,11 @@ pub struct ModelRequest {
     /// conversation (a run passes the same cache to each of its calls).
     /// The default, an empty cache, makes the request be built whole.
     pub cache: WireCache,
+}
+
+/// `messages` as a request's prompt, each one shared.
+pub fn shared_messages(messages: impl IntoIterator<Item = Message>) -> Vec<Arc<Message>> {
+    messages.into_iter().map(Arc::new).collect()
 }
 
 /// A slot where a provider keeps, between the calls of one conversation,
@@ -299,7 +309,7 @@ pub fn json_len(value: &Value) -> usize {
 
 /// A provider-neutral token estimate from the request's characters.
 pub fn estimate_tokens(request: &ModelRequest, chars_per_token: f64) -> u64 {
-    let message_chars: usize = request.messages.iter().map(Message::char_len).sum();
+    let message_chars: usize = request.messages.iter().map(|m| m.char_len()).sum();
     let tool_chars: usize = request
         .tools
         .iter()

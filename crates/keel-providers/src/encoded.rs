@@ -1,24 +1,24 @@
 //! The wire form of a conversation's messages, kept from one model call to
 //! the next: a run's history only grows between its calls, so each call
 //! encodes just the messages that are new and copies the rest. Each message
-//! is kept with a hash of what it was, so a history that changed anywhere
-//! (compaction, a restore, a shrunk old result) is re-encoded from the
-//! first message that differs; what is sent never depends on the cache.
+//! is kept beside its encoding (shared with the request, so keeping it costs
+//! a reference count, and an unchanged message is found by its pointer), so
+//! a history that changed anywhere (compaction, a restore, a shrunk old
+//! result) is re-encoded from the first message that differs; what is sent
+//! never depends on the cache.
 
-use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use keel_protocol::{Message, ToolSchema};
 
 /// Per-message encodings `F` of the messages last sent, by position.
 pub(crate) struct Encoded<F> {
-    hasher: foldhash::fast::RandomState,
-    entries: Vec<(u64, F)>,
+    entries: Vec<(Arc<Message>, F)>,
 }
 
 impl<F> Default for Encoded<F> {
     fn default() -> Self {
         Self {
-            hasher: foldhash::fast::RandomState::default(),
             entries: Vec::new(),
         }
     }
@@ -29,28 +29,23 @@ impl<F> Encoded<F> {
     /// leading messages as kept, the rest made by `encode`.
     pub(crate) fn update<E>(
         &mut self,
-        messages: &[Message],
+        messages: &[Arc<Message>],
         mut encode: impl FnMut(&Message) -> Result<F, E>,
     ) -> Result<impl Iterator<Item = &F>, E> {
-        let mut keep = 0;
-        let mut hashes = messages.iter().map(|m| self.hasher.hash_one(m));
-        let mut pending = None;
-        for (kept, _) in &self.entries {
-            match hashes.next() {
-                Some(h) if h == *kept => keep += 1,
-                other => {
-                    pending = other;
-                    break;
-                }
-            }
-        }
+        // A kept message is the one sent when it is the same allocation (the
+        // cache holds a reference, so its address is never reused while
+        // kept) or, built anew, equal to it.
+        let keep = self
+            .entries
+            .iter()
+            .zip(messages)
+            .take_while(|((kept, _), m)| Arc::ptr_eq(kept, m) || **kept == ***m)
+            .count();
         self.entries.truncate(keep);
-        // The hash already taken for the first changed message, then the rest.
-        let fresh: Vec<u64> = pending.into_iter().chain(hashes).collect();
-        for (message, hash) in messages[keep..].iter().zip(fresh) {
+        for message in &messages[keep..] {
             // On an error the entries so far stay valid for the next call.
             let encoded = encode(message)?;
-            self.entries.push((hash, encoded));
+            self.entries.push((Arc::clone(message), encoded));
         }
         Ok(self.entries.iter().map(|(_, f)| f))
     }
@@ -95,7 +90,7 @@ mod tests {
     }
 
     /// What an update gives for `messages`, and how many it encoded.
-    fn encode_all(cache: &mut Encoded<String>, messages: &[Message]) -> (Vec<String>, usize) {
+    fn encode_all(cache: &mut Encoded<String>, messages: &[Arc<Message>]) -> (Vec<String>, usize) {
         let mut n = 0;
         let got = cache
             .update(messages, encode_counting(&mut n))
@@ -105,26 +100,30 @@ mod tests {
         (got, n)
     }
 
-    fn whole(messages: &[Message]) -> Vec<String> {
+    fn whole(messages: &[Arc<Message>]) -> Vec<String> {
         messages
             .iter()
             .map(|m| serde_json::to_string(m).unwrap())
             .collect()
     }
 
+    fn shared(messages: Vec<Message>) -> Vec<Arc<Message>> {
+        keel_protocol::shared_messages(messages)
+    }
+
     #[test]
     fn only_new_or_changed_messages_are_encoded() {
         let mut cache = Encoded::default();
-        let mut history = vec![Message::system("s"), Message::user("u1")];
+        let mut history = shared(vec![Message::system("s"), Message::user("u1")]);
         let (got, n) = encode_all(&mut cache, &history);
         assert_eq!((got, n), (whole(&history), 2));
 
-        history.push(Message::user("u2"));
-        history.push(Message::user("u3"));
+        history.push(Arc::new(Message::user("u2")));
+        history.push(Arc::new(Message::user("u3")));
         let (got, n) = encode_all(&mut cache, &history);
         assert_eq!((got, n), (whole(&history), 2), "appended: two new");
 
-        history[1] = Message::user("u1, shortened");
+        history[1] = Arc::new(Message::user("u1, shortened"));
         let (got, n) = encode_all(&mut cache, &history);
         assert_eq!((got, n), (whole(&history), 3), "changed in the middle");
 
@@ -138,9 +137,36 @@ mod tests {
     }
 
     #[test]
+    fn a_message_built_anew_is_kept_and_one_changed_in_place_is_not() {
+        let mut cache = Encoded::default();
+        let mut history = shared(vec![
+            Message::system("s"),
+            Message::user("u1"),
+            Message::user("u2"),
+        ]);
+        encode_all(&mut cache, &history);
+        // The system prompt is built again for every request: equal, kept.
+        history[0] = Arc::new(Message::system("s"));
+        let (got, n) = encode_all(&mut cache, &history);
+        assert_eq!((got, n), (whole(&history), 0));
+        // A request's own copy of a message changed (as a prompt shrunk to
+        // fit its budget is): the cache shares the original, so the change
+        // makes a new message, and it is encoded again.
+        if let Message::User { content } = Arc::make_mut(&mut history[1]) {
+            content.push_str(", changed");
+        }
+        let (got, n) = encode_all(&mut cache, &history);
+        assert_eq!((got, n), (whole(&history), 2));
+    }
+
+    #[test]
     fn a_failed_encoding_keeps_what_was_valid() {
         let mut cache: Encoded<String> = Encoded::default();
-        let history = vec![Message::user("a"), Message::user("b"), Message::user("c")];
+        let history = shared(vec![
+            Message::user("a"),
+            Message::user("b"),
+            Message::user("c"),
+        ]);
         let failed = cache
             .update(&history, |m| match m {
                 Message::User { content } if content == "c" => Err(()),

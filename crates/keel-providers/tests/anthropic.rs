@@ -1,11 +1,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The Messages API client against the scripted fake Anthropic server on 127.0.0.1.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use keel_protocol::{
-    Message, ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall, ToolSchema,
+    Message, ModelClient, ModelError, ModelRequest, ModelResponse, TokenUsage, ToolCall,
+    ToolSchema, shared_messages,
 };
 use keel_providers::anthropic::{AnthropicClient, AnthropicSettings};
 use keel_test_support::fake_anthropic::{FakeAnthropic, Reply, Script};
@@ -33,7 +35,7 @@ fn client(fake: &FakeAnthropic, stream: bool) -> AnthropicClient {
 fn ask(text: &str) -> ModelRequest {
     ModelRequest {
         cache: Default::default(),
-        messages: vec![Message::system("be brief"), Message::user(text)],
+        messages: shared_messages(vec![Message::system("be brief"), Message::user(text)]),
         tools: vec![],
         max_output_tokens: None,
     }
@@ -162,17 +164,17 @@ async fn two_tool_uses_are_reassembled_and_their_results_merge_into_one_turn() {
         );
 
         // Answer both calls; the two results must travel as one user turn.
-        request.messages.push(Message::Assistant {
+        request.messages.push(Arc::new(Message::Assistant {
             content: response.text.clone(),
             tool_calls: response.tool_calls.clone(),
-        });
+        }));
         for (call, out) in response.tool_calls.iter().zip(["18C", "27C"]) {
-            request.messages.push(Message::Tool {
+            request.messages.push(Arc::new(Message::Tool {
                 call_id: call.id.clone(),
                 name: call.name.clone(),
                 content: out.into(),
                 is_error: false,
-            });
+            }));
         }
         let (result, _) = complete(&client, &request).await;
         assert_eq!(result.unwrap().text, "Paris is mild, Tokyo is warm.");
@@ -235,7 +237,7 @@ async fn client_error_from_the_api_is_not_retried() {
     // A call left unanswered: the fake rejects it with 400, like the real API.
     let request = ModelRequest {
         cache: Default::default(),
-        messages: vec![
+        messages: shared_messages(vec![
             Message::user("hi"),
             Message::Assistant {
                 content: String::new(),
@@ -246,7 +248,7 @@ async fn client_error_from_the_api_is_not_retried() {
                 }],
             },
             Message::user("well?"),
-        ],
+        ]),
         tools: vec![weather_tool()],
         max_output_tokens: None,
     };

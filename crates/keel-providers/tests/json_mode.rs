@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use keel_protocol::{
     Message, ModelClient, ModelError, ModelRequest, ModelResponse, PreviousCost, RequestGate,
-    TokenUsage, ToolCall, ToolSchema,
+    TokenUsage, ToolCall, ToolSchema, shared_messages,
 };
 use keel_providers::anthropic::{AnthropicClient, AnthropicSettings};
 use keel_providers::json_mode::{CLARIFY_TOOL, JsonToolMode};
@@ -53,10 +53,10 @@ fn clarify_tool() -> ToolSchema {
 fn with_tools(text: &str) -> ModelRequest {
     ModelRequest {
         cache: Default::default(),
-        messages: vec![
+        messages: shared_messages(vec![
             Message::system("You are a weather bot."),
             Message::user(text),
-        ],
+        ]),
         tools: vec![weather_tool(), clarify_tool()],
         max_output_tokens: Some(300),
     }
@@ -261,7 +261,7 @@ async fn tool_less_request_passes_through() {
     let client = json_mode(&fake);
     let request = ModelRequest {
         cache: Default::default(),
-        messages: vec![Message::system("be brief"), Message::user("hi")],
+        messages: shared_messages(vec![Message::system("be brief"), Message::user("hi")]),
         tools: vec![],
         max_output_tokens: None,
     };
@@ -324,7 +324,7 @@ async fn history_with_tool_results_is_rendered_as_text() {
     let client = json_mode(&fake);
     let request = ModelRequest {
         cache: Default::default(),
-        messages: history_with_tool_use(),
+        messages: shared_messages(history_with_tool_use()),
         tools: vec![weather_tool(), clarify_tool()],
         max_output_tokens: None,
     };
@@ -359,7 +359,7 @@ async fn history_with_tool_results_is_rendered_as_text() {
     // The loop's fallback call (no tools offered) over the same history.
     let request = ModelRequest {
         cache: Default::default(),
-        messages: history_with_tool_use(),
+        messages: shared_messages(history_with_tool_use()),
         tools: vec![],
         max_output_tokens: None,
     };
@@ -394,7 +394,7 @@ async fn json_mode_over_anthropic_keeps_its_role_rules() {
     let client = JsonToolMode::new(Arc::new(AnthropicClient::new(settings).unwrap()));
     let request = ModelRequest {
         cache: Default::default(),
-        messages: history_with_tool_use(),
+        messages: shared_messages(history_with_tool_use()),
         tools: vec![weather_tool(), clarify_tool()],
         max_output_tokens: None,
     };

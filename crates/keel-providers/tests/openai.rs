@@ -1,12 +1,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The Chat Completions client against the scripted fake server on 127.0.0.1.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use keel_protocol::{
     Message, ModelClient, ModelError, ModelRequest, ModelResponse, PreviousCost, RequestGate,
-    TokenUsage, ToolCall, ToolSchema,
+    TokenUsage, ToolCall, ToolSchema, shared_messages,
 };
 use keel_providers::openai::{OpenAiClient, OpenAiSettings};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
@@ -33,7 +34,7 @@ fn client(fake: &FakeOpenAi, stream: bool) -> OpenAiClient {
 fn ask(text: &str) -> ModelRequest {
     ModelRequest {
         cache: Default::default(),
-        messages: vec![Message::system("be brief"), Message::user(text)],
+        messages: shared_messages(vec![Message::system("be brief"), Message::user(text)]),
         tools: vec![],
         max_output_tokens: None,
     }
@@ -154,17 +155,17 @@ async fn two_tool_calls_are_reassembled_and_answered_validly() {
         );
 
         // Send the calls and their results back: the fake checks the pairing.
-        request.messages.push(Message::Assistant {
+        request.messages.push(Arc::new(Message::Assistant {
             content: String::new(),
             tool_calls: response.tool_calls.clone(),
-        });
+        }));
         for call in &response.tool_calls {
-            request.messages.push(Message::Tool {
+            request.messages.push(Arc::new(Message::Tool {
                 call_id: call.id.clone(),
                 name: call.name.clone(),
                 content: "sunny".into(),
                 is_error: false,
-            });
+            }));
         }
         let (result, _) = complete(&client, &request).await;
         assert_eq!(result.unwrap().text, "Paris is mild, Tokyo is warm.");
@@ -185,15 +186,15 @@ async fn unanswered_tool_call_is_rejected_like_the_real_api() {
     let fake = FakeOpenAi::start(Script::queue(vec![])).await;
     let client = client(&fake, true);
     let mut request = ask("hi");
-    request.messages.push(Message::Assistant {
+    request.messages.push(Arc::new(Message::Assistant {
         content: String::new(),
         tool_calls: vec![ToolCall {
             id: "call_9".into(),
             name: "get_weather".into(),
             arguments: "{}".into(),
         }],
-    });
-    request.messages.push(Message::user("and?"));
+    }));
+    request.messages.push(Arc::new(Message::user("and?")));
     let (result, _) = complete(&client, &request).await;
     match result {
         Err(ModelError::Http {

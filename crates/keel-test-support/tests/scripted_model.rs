@@ -3,8 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
-use keel_protocol::{Message, ModelClient, ModelError, ModelRequest, ToolCall};
+use keel_protocol::{Message, ModelClient, ModelError, ModelRequest, ToolCall, shared_messages};
 use keel_test_support::scripted::{
     Gate, ScriptedModel, call_tool, call_tools, last_user_text, reply_text, respond, when_open,
 };
@@ -12,7 +13,7 @@ use serde_json::json;
 
 fn ask(text: &str) -> ModelRequest {
     ModelRequest {
-        messages: vec![Message::system("s"), Message::user(text)],
+        messages: shared_messages(vec![Message::system("s"), Message::user(text)]),
         ..ModelRequest::default()
     }
 }
@@ -60,15 +61,15 @@ async fn replies_come_in_order_with_fresh_call_ids_and_requests_are_recorded() {
 async fn a_request_breaking_the_pairing_rules_is_refused_and_recorded() {
     let model = ScriptedModel::new([reply_text("never sent")]);
     let mut request = ask("hi");
-    request.messages.push(Message::Assistant {
+    request.messages.push(Arc::new(Message::Assistant {
         content: String::new(),
         tool_calls: vec![ToolCall {
             id: "c1".into(),
             name: "f".into(),
             arguments: "{}".into(),
         }],
-    });
-    request.messages.push(Message::user("next"));
+    }));
+    request.messages.push(Arc::new(Message::user("next")));
     let err = model.complete(&request, None).await.unwrap_err();
     assert!(
         matches!(&err, ModelError::Protocol(m) if m.contains("c1")),

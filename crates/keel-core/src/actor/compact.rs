@@ -6,8 +6,9 @@
 //! the provider is never sent a prompt over its window.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use keel_protocol::{EventKind, Message, ModelRequest, ToolSchema};
+use keel_protocol::{EventKind, Message, ModelRequest, ToolSchema, shared_messages};
 
 use super::{Exit, RunActor};
 use crate::context::{compaction_cut, minimal_tail};
@@ -147,17 +148,21 @@ impl RunActor {
 
     /// One tool-less call over a transcript sized to fit the window; `None`
     /// when the model fails or says nothing (the caller falls back).
-    async fn summarize(&mut self, older: &[Message], window: u64) -> Result<Option<String>, Exit> {
+    async fn summarize(
+        &mut self,
+        older: &[Arc<Message>],
+        window: u64,
+    ) -> Result<Option<String>, Exit> {
         let per_token = self.agent.model.chars_per_token();
         let max_chars = (window as f64 * SUMMARY_INPUT_SHARE * per_token) as usize;
         let transcript = transcript(older, max_chars);
         let answer_tokens = u32::try_from((window / 8).clamp(64, 1024)).unwrap_or(1024);
         let request = ModelRequest {
             cache: Default::default(),
-            messages: vec![
+            messages: shared_messages(vec![
                 Message::system(SUMMARY_PROMPT),
                 Message::user(format!("The run so far:\n\n{transcript}")),
-            ],
+            ]),
             tools: Vec::new(),
             max_output_tokens: Some(answer_tokens),
         };
@@ -195,11 +200,11 @@ impl RunActor {
 
 /// The older messages as plain text, tool results shortened first so the
 /// whole fits `max_chars`.
-fn transcript(messages: &[Message], max_chars: usize) -> String {
-    let total: usize = messages.iter().map(Message::char_len).sum();
+fn transcript(messages: &[Arc<Message>], max_chars: usize) -> String {
+    let total: usize = messages.iter().map(|m| m.char_len()).sum();
     let results = messages
         .iter()
-        .filter(|m| matches!(m, Message::Tool { .. }))
+        .filter(|m| matches!(***m, Message::Tool { .. }))
         .count()
         .max(1);
     let per_result = if total <= max_chars {
@@ -207,15 +212,18 @@ fn transcript(messages: &[Message], max_chars: usize) -> String {
     } else {
         (max_chars / 2 / results).max(80)
     };
-    keep_tail(&render(messages.iter(), per_result), max_chars)
+    keep_tail(
+        &render(messages.iter().map(|m| &**m), per_result),
+        max_chars,
+    )
 }
 
 /// What can be said without a model: the requests, the calls and result sizes.
-fn metadata_summary(messages: &[Message]) -> String {
+fn metadata_summary(messages: &[Arc<Message>]) -> String {
     let mut calls: BTreeMap<&str, (u32, usize, u32)> = BTreeMap::new();
     let mut requests = Vec::new();
     for m in messages {
-        match m {
+        match &**m {
             Message::User { content } => requests.push(crate::course::snippet(content, 200)),
             Message::Tool {
                 name,
@@ -258,7 +266,7 @@ mod tests {
 
     #[test]
     fn metadata_summary_counts_calls_and_sizes() {
-        let m = vec![
+        let m = shared_messages(vec![
             Message::user("status of F2?"),
             Message::Tool {
                 call_id: "1".into(),
@@ -272,7 +280,7 @@ mod tests {
                 content: "y".repeat(50),
                 is_error: true,
             },
-        ];
+        ]);
         let s = metadata_summary(&m);
         assert!(s.contains("furnace_status: 2 call(s), 150 bytes of results, 1 error(s)"));
         assert!(s.contains("status of F2?"));
@@ -280,13 +288,14 @@ mod tests {
 
     #[test]
     fn transcript_fits_its_budget() {
-        let m: Vec<Message> = (0..50)
+        let m: Vec<Arc<Message>> = (0..50)
             .map(|i| Message::Tool {
                 call_id: i.to_string(),
                 name: "t".into(),
                 content: "z".repeat(2000),
                 is_error: false,
             })
+            .map(Arc::new)
             .collect();
         let t = transcript(&m, 10_000);
         assert!(t.len() <= 10_000 + 40, "{}", t.len());

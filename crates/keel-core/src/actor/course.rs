@@ -5,7 +5,7 @@
 //! trigger, `max_context_resets` resets), so correcting can never loop.
 
 use keel_guard::drift::{DriftInput, DriftReport, DriftSettings, assess, window_text};
-use keel_protocol::{EventKind, Message, ModelRequest};
+use keel_protocol::{EventKind, Message, ModelRequest, shared_messages};
 use serde_json::Value;
 
 use super::{Exit, Flow, RunActor};
@@ -235,7 +235,10 @@ impl RunActor {
         brief.push_str("\nAre these actions serving the goal? What should happen next?");
         let request = ModelRequest {
             cache: Default::default(),
-            messages: vec![Message::system(REFLECTION_PROMPT), Message::user(brief)],
+            messages: shared_messages(vec![
+                Message::system(REFLECTION_PROMPT),
+                Message::user(brief),
+            ]),
             tools: Vec::new(),
             max_output_tokens: Some(REFLECTION_TOKENS),
         };

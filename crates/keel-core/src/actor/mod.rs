@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use keel_protocol::{
     Budget, Commit, CompletionReason, ErrorBody, EventKind, Message, Principal, RunPatch,
-    RunRecord, RunStatus, StoreError, ToolCall, Usage,
+    RunRecord, RunStatus, StoreError, ToolCall, Usage, shared_messages,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -97,7 +97,8 @@ pub(crate) struct RunActor {
     session: String,
     principal: Principal,
     agent: AgentRuntime,
-    history: Vec<Message>,
+    /// Shared with the requests built from it (see `ModelRequest::messages`).
+    history: Vec<Arc<Message>>,
     state: LoopState,
     steps: u32,
     usage: Usage,
@@ -278,7 +279,7 @@ impl RunActor {
     }
 
     async fn drive(&mut self) -> Result<(), Exit> {
-        self.history = self.shared.store.history(&self.run_id).await?;
+        self.history = shared_messages(self.shared.store.history(&self.run_id).await?);
         if self.state.calls.awaits_records() {
             self.load_call_records().await?;
         }
@@ -632,7 +633,7 @@ impl RunActor {
         if let Some(state) = &changed {
             patch.state = Some(state.clone());
         }
-        self.history.extend(messages.iter().cloned());
+        self.history.extend(messages.iter().cloned().map(Arc::new));
         let (mut all_events, mut all_messages) = std::mem::take(&mut self.held);
         all_events.extend(events);
         all_messages.extend(messages);
@@ -752,7 +753,7 @@ impl RunActor {
     fn hold(&mut self, mut events: Vec<EventKind>, mut messages: Vec<Message>) {
         self.scrub_events(&mut events);
         self.scrub_messages(&mut messages);
-        self.history.extend(messages.iter().cloned());
+        self.history.extend(messages.iter().cloned().map(Arc::new));
         self.held.0.extend(events);
         self.held.1.extend(messages);
     }
@@ -791,18 +792,18 @@ fn publish(shared: &Shared, agent_id: &str, published: Vec<keel_protocol::Event>
 }
 
 /// Calls of the last assistant message with tool calls that no tool message answers.
-pub(crate) fn unanswered(history: &[Message]) -> Vec<ToolCall> {
+pub(crate) fn unanswered(history: &[Arc<Message>]) -> Vec<ToolCall> {
     let Some(pos) = history.iter().rposition(
-        |m| matches!(m, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty()),
+        |m| matches!(&**m, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty()),
     ) else {
         return Vec::new();
     };
-    let Message::Assistant { tool_calls, .. } = &history[pos] else {
+    let Message::Assistant { tool_calls, .. } = &*history[pos] else {
         return Vec::new();
     };
     let answered: std::collections::HashSet<&str> = history[pos + 1..]
         .iter()
-        .filter_map(|m| match m {
+        .filter_map(|m| match &**m {
             Message::Tool { call_id, .. } => Some(call_id.as_str()),
             _ => None,
         })

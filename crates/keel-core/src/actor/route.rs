@@ -3,7 +3,9 @@
 //! without tools; `TOOL` and `UNKNOWN` go through the usual loop, so a
 //! wrong or unreadable decision costs one small call and nothing else.
 
-use keel_protocol::{CompletionReason, Decision, EventKind, Message, ModelRequest};
+use keel_protocol::{
+    CompletionReason, Decision, EventKind, Message, ModelRequest, shared_messages,
+};
 
 use super::{Answer, Exit, RunActor};
 
@@ -66,10 +68,10 @@ impl RunActor {
                 .collect();
             let request = ModelRequest {
                 cache: Default::default(),
-                messages: vec![
+                messages: shared_messages(vec![
                     Message::system(format!("{ROUTE_PROMPT}\n\nTools:\n{}", listing.join("\n"))),
                     Message::user(self.input.clone()),
-                ],
+                ]),
                 tools: Vec::new(),
                 max_output_tokens: Some(ROUTE_TOKENS),
             };

@@ -19,6 +19,8 @@
 
 mod snapshot;
 
+use std::sync::Arc;
+
 use keel_config::{AgentConfig, OnClarifyExhausted, UntrustedArguments};
 use keel_guard::hooks::{HookAction, HookCall};
 use keel_guard::loop_detect::{Detector, LoopHit, Outcome, call_fingerprint};
@@ -78,7 +80,7 @@ pub struct RunView<'a> {
     pub stated: &'a Understanding,
     /// The run's conversation so far: the texts argument provenance is
     /// traced to (the stored history, whole, whatever the prompt shows).
-    pub history: &'a [Message],
+    pub history: &'a [Arc<Message>],
 }
 
 /// Where an allowed call runs.
@@ -558,7 +560,7 @@ fn sources<'a>(run: &RunView<'a>, tools: &ToolSnapshot) -> Vec<Source<'a>> {
         text: &run.agent.system_prompt,
     }];
     for m in run.history {
-        match m {
+        match &**m {
             Message::User { content } => out.push(Source {
                 origin: SourceOrigin::User,
                 trusted: true,

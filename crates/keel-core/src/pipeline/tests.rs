@@ -120,6 +120,7 @@ impl Case {
 
     fn eval(&self, name: &str, args: &str) -> Verdict {
         let principal = Principal::local_default();
+        let history = keel_protocol::shared_messages(self.history.clone());
         let view = RunView {
             principal: &principal,
             agent: &self.agent,
@@ -128,7 +129,7 @@ impl Case {
             usage: self.usage,
             run_id: "run_1",
             stated: &self.stated,
-            history: &self.history,
+            history: &history,
         };
         let call = ToolCall {
             id: "c1".into(),

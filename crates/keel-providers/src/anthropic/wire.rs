@@ -406,7 +406,7 @@ fn error_text(error: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keel_protocol::ToolSchema;
+    use keel_protocol::{ToolSchema, shared_messages};
 
     fn body_value(request: &ModelRequest, stream: bool) -> Value {
         serde_json::from_slice(&request_body("claude", request, stream, 4096).unwrap()).unwrap()
@@ -432,7 +432,7 @@ mod tests {
     #[test]
     fn history_maps_to_alternating_turns() {
         let request = ModelRequest {
-            messages: vec![
+            messages: shared_messages(vec![
                 Message::system("one"),
                 Message::user("u"),
                 Message::Assistant {
@@ -448,7 +448,7 @@ mod tests {
                     tool_calls: vec![],
                 },
                 Message::user("hello?"),
-            ],
+            ]),
             tools: vec![ToolSchema {
                 name: "f".into(),
                 description: "d".into(),
@@ -514,7 +514,7 @@ mod tests {
                 messages.push(Message::user("and F4?"));
             }
             let kept = ModelRequest {
-                messages: messages.clone(),
+                messages: shared_messages(messages.clone()),
                 tools: tools.clone(),
                 max_output_tokens: None,
                 cache: cache.clone(),
@@ -531,7 +531,7 @@ mod tests {
         }
         let body = body_value(
             &ModelRequest {
-                messages,
+                messages: shared_messages(messages),
                 tools,
                 max_output_tokens: None,
                 cache,
@@ -560,10 +560,10 @@ mod tests {
     #[test]
     fn conversation_not_starting_with_user_gets_a_placeholder() {
         let request = ModelRequest {
-            messages: vec![Message::Assistant {
+            messages: shared_messages(vec![Message::Assistant {
                 content: "hi".into(),
                 tool_calls: vec![],
-            }],
+            }]),
             tools: vec![],
             max_output_tokens: Some(9),
             ..Default::default()

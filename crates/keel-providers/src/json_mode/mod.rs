@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::channel::mpsc::UnboundedSender;
 use keel_protocol::{
     Message, ModelClient, ModelError, ModelRequest, ModelResponse, PreviousCost, RequestGate,
-    ToolCall,
+    ToolCall, shared_messages,
 };
 use serde_json::{Value, json};
 
@@ -79,15 +79,15 @@ impl ModelClient for JsonToolMode {
     ) -> Result<ModelResponse, ModelError> {
         if request.tools.is_empty() {
             let has_tool_use = request.messages.iter().any(|m| {
-                matches!(m, Message::Tool { .. })
-                    || matches!(m, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty())
+                matches!(**m, Message::Tool { .. })
+                    || matches!(&**m, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty())
             });
             if !has_tool_use {
                 return self.inner.complete_gated(request, deltas, gate).await;
             }
             let rendered = ModelRequest {
                 cache: request.cache.clone(),
-                messages: prompt::render(&request.messages, None),
+                messages: shared_messages(prompt::render(&request.messages, None)),
                 tools: Vec::new(),
                 max_output_tokens: request.max_output_tokens,
             };
@@ -97,7 +97,7 @@ impl ModelClient for JsonToolMode {
         let protocol = prompt::protocol(&request.tools);
         let mut inner_request = ModelRequest {
             cache: request.cache.clone(),
-            messages: prompt::render(&request.messages, Some(&protocol)),
+            messages: shared_messages(prompt::render(&request.messages, Some(&protocol))),
             tools: Vec::new(),
             max_output_tokens: request.max_output_tokens,
         };
@@ -148,14 +148,14 @@ impl ModelClient for JsonToolMode {
             }
             repairs += 1;
             tracing::debug!(model = %self.inner.model_name(), repair = repairs, %problem, "json-mode reply invalid; asking again");
-            inner_request.messages.push(Message::Assistant {
+            inner_request.messages.push(Arc::new(Message::Assistant {
                 content: response.text,
                 tool_calls: Vec::new(),
-            });
-            inner_request.messages.push(Message::user(format!(
+            }));
+            inner_request.messages.push(Arc::new(Message::user(format!(
                 "Your last reply was not a valid action: {problem}. Reply again with exactly one \
                  JSON object whose \"action\" is RESPOND, CALL_TOOL or CLARIFY, and nothing else."
-            )));
+            ))));
         }
     }
 }

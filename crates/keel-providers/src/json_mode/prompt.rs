@@ -1,6 +1,7 @@
 //! What a model without native tool calling is shown: the tools and the
 //! action format in the system prompt, and past tool use as plain text.
 
+use std::borrow::Borrow;
 use std::fmt::Write as _;
 
 use keel_protocol::{Message, ToolCall, ToolSchema};
@@ -49,11 +50,11 @@ pub(crate) fn protocol(tools: &[ToolSchema]) -> String {
 /// calls become the action JSON the model emitted, tool results become user
 /// messages, and consecutive same-role messages merge (some templates require
 /// alternating roles).
-pub(crate) fn render(messages: &[Message], protocol: Option<&str>) -> Vec<Message> {
+pub(crate) fn render<M: Borrow<Message>>(messages: &[M], protocol: Option<&str>) -> Vec<Message> {
     let mut out: Vec<Message> = Vec::with_capacity(messages.len() + 1);
     let mut rest = messages;
     if let Some(protocol) = protocol {
-        match messages.first() {
+        match messages.first().map(Borrow::borrow) {
             Some(Message::System { content }) => {
                 out.push(Message::system(format!("{content}\n\n{protocol}")));
                 rest = &messages[1..];
@@ -62,7 +63,7 @@ pub(crate) fn render(messages: &[Message], protocol: Option<&str>) -> Vec<Messag
         }
     }
     for message in rest {
-        let rendered = match message {
+        let rendered = match message.borrow() {
             Message::Assistant {
                 content,
                 tool_calls,

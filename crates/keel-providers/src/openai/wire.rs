@@ -366,7 +366,7 @@ fn error_text(error: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keel_protocol::ToolSchema;
+    use keel_protocol::{ToolSchema, shared_messages};
     use serde_json::json;
 
     fn body_value(model: &str, request: &ModelRequest, stream: bool) -> Value {
@@ -417,7 +417,7 @@ mod tests {
                 is_error: turn == 2,
             });
             let kept = ModelRequest {
-                messages: messages.clone(),
+                messages: shared_messages(messages.clone()),
                 tools: offered.clone(),
                 max_output_tokens: None,
                 cache: cache.clone(),
@@ -435,7 +435,7 @@ mod tests {
         let body = body_value(
             "m",
             &ModelRequest {
-                messages: messages.clone(),
+                messages: shared_messages(messages.clone()),
                 tools: offered,
                 max_output_tokens: None,
                 cache,
@@ -452,7 +452,7 @@ mod tests {
     #[test]
     fn assistant_with_calls_sends_null_content_and_tool_messages_answer_them() {
         let request = ModelRequest {
-            messages: vec![
+            messages: shared_messages(vec![
                 Message::system("s"),
                 Message::user("u"),
                 Message::Assistant {
@@ -469,7 +469,7 @@ mod tests {
                     content: "ok".into(),
                     is_error: false,
                 },
-            ],
+            ]),
             tools: vec![],
             max_output_tokens: Some(7),
             ..Default::default()
@@ -495,7 +495,7 @@ mod tests {
     #[test]
     fn tools_are_offered_with_auto_choice() {
         let request = ModelRequest {
-            messages: vec![Message::user("u")],
+            messages: shared_messages(vec![Message::user("u")]),
             tools: vec![ToolSchema {
                 name: "f".into(),
                 description: "d".into(),

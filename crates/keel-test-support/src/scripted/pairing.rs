@@ -5,6 +5,7 @@
 //! no answer lacks its call, and no call id is used twice.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use keel_protocol::{Message, ModelRequest};
 
@@ -42,14 +43,14 @@ fn check_tools(request: &ModelRequest, problems: &mut Vec<String>) {
     }
 }
 
-fn check_messages(messages: &[Message], problems: &mut Vec<String>) {
+fn check_messages(messages: &[Arc<Message>], problems: &mut Vec<String>) {
     // Calls of the latest assistant message still waiting for their answer,
     // by id, with the tool each named.
     let mut pending: Vec<(String, String)> = Vec::new();
     let mut answered: HashSet<String> = HashSet::new();
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (i, message) in messages.iter().enumerate() {
-        match message {
+        match &**message {
             Message::Assistant { tool_calls, .. } => {
                 unanswered(
                     &mut pending,
@@ -149,7 +150,7 @@ mod tests {
 
     fn req(messages: Vec<Message>) -> ModelRequest {
         ModelRequest {
-            messages,
+            messages: keel_protocol::shared_messages(messages),
             ..ModelRequest::default()
         }
     }

@@ -68,7 +68,7 @@ pub fn when_open(gate: &Gate, step: impl Into<Step>) -> Step {
 
 /// The text of the request's last user message.
 pub fn last_user_text(request: &ModelRequest) -> Option<&str> {
-    request.messages.iter().rev().find_map(|m| match m {
+    request.messages.iter().rev().find_map(|m| match &**m {
         Message::User { content } => Some(content.as_str()),
         _ => None,
     })
@@ -85,7 +85,7 @@ pub fn tool_messages(request: &ModelRequest) -> Vec<(&str, &str)> {
     request
         .messages
         .iter()
-        .filter_map(|m| match m {
+        .filter_map(|m| match &**m {
             Message::Tool {
                 call_id, content, ..
             } => Some((call_id.as_str(), content.as_str())),
@@ -99,7 +99,7 @@ pub fn system_texts(request: &ModelRequest) -> Vec<&str> {
     request
         .messages
         .iter()
-        .filter_map(|m| match m {
+        .filter_map(|m| match &**m {
             Message::System { content } => Some(content.as_str()),
             _ => None,
         })
