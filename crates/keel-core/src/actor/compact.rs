@@ -65,7 +65,7 @@ impl RunActor {
         note: Option<&str>,
     ) -> ModelRequest {
         let messages = self.state.course.view.render(&self.history);
-        let mut request = prompt::build(&self.system_prompt, messages, tools, note);
+        let mut request = prompt::build(&self.system_message, messages, tools, note);
         request.cache = self.wire_cache.clone();
         request
     }
@@ -103,7 +103,7 @@ impl RunActor {
                 break None;
             };
             let tail = prompt::build(
-                &self.system_prompt,
+                &self.system_message,
                 rendered[cut..].iter().cloned(),
                 tools.to_vec(),
                 None,

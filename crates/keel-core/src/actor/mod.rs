@@ -124,9 +124,12 @@ pub(crate) struct RunActor {
     origin: Option<serde_json::Value>,
     /// The run's metadata, announced with `run_started`.
     metadata: serde_json::Value,
-    /// The agent's system prompt, followed by the context a
-    /// `before_prompt_build` hook gave this run (`metadata.prompt_context`).
-    system_prompt: String,
+    /// The system message of every step: the agent's system prompt, then
+    /// the context a `before_prompt_build` hook gave this run
+    /// (`metadata.prompt_context`), then keel's standing instructions.
+    /// Each step's request shares it; without hook context it is the
+    /// agent's, shared with the agent's other runs.
+    system_message: Arc<Message>,
     /// The loop state as last stored, as JSON text: a commit that leaves
     /// it unchanged does not write it again.
     written_state: String,
@@ -171,17 +174,18 @@ impl RunActor {
             .checked_sub(counted)
             .unwrap_or_else(Instant::now);
         let origin = r.metadata.get("channel").filter(|c| c.is_object()).cloned();
-        let system_prompt = match r.metadata.get("prompt_context").and_then(|c| c.as_str()) {
-            Some(context) if !context.trim().is_empty() => {
-                format!("{}\n\n{}", init.agent.config.system_prompt, context.trim())
-            }
-            _ => init.agent.config.system_prompt.clone(),
-        };
+        let system_message =
+            match r.metadata.get("prompt_context").and_then(|c| c.as_str()) {
+                Some(context) if !context.trim().is_empty() => crate::prompt::system_message(
+                    &format!("{}\n\n{}", init.agent.config.system_prompt, context.trim()),
+                ),
+                _ => Arc::clone(&init.agent.system_message),
+            };
         Self {
             shared: init.shared,
             origin,
             metadata: r.metadata,
-            system_prompt,
+            system_message,
             written_state,
             wire_cache: keel_protocol::WireCache::default(),
             writing: None,
