@@ -26,6 +26,7 @@
 //! gives one recovery turn, a second critical or any critical breaker ends
 //! the run with `loop_blocked`).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -245,7 +246,10 @@ pub fn outcome_fingerprint(
     structured: Option<&Value>,
     volatile_fields: &[String],
 ) -> String {
-    let extra: Vec<String> = volatile_fields.iter().map(|f| normalize_key(f)).collect();
+    let extra: Vec<String> = volatile_fields
+        .iter()
+        .map(|f| normalize_key(f).into_owned())
+        .collect();
     let canon = Canon::Outcome { extra: &extra };
     let parsed;
     let json = match structured {
@@ -257,7 +261,7 @@ pub fn outcome_fingerprint(
     };
     match json {
         Some(v) => {
-            let mut canonical = String::new();
+            let mut canonical = String::with_capacity(output.len());
             write_canonical(v, &mut canonical, &canon);
             digest(&["keel-outcome-v1", "json", &canonical])
         }
@@ -701,11 +705,21 @@ fn digest(parts: &[&str]) -> String {
 }
 
 /// Lowercase without `_`, `-` or spaces: how volatile keys are compared.
-fn normalize_key(key: &str) -> String {
-    key.chars()
-        .filter(|c| !matches!(c, '_' | '-' | ' '))
-        .flat_map(char::to_lowercase)
-        .collect()
+/// Most keys already are (every key of every result is compared), and are
+/// borrowed as they are.
+fn normalize_key(key: &str) -> Cow<'_, str> {
+    if key
+        .bytes()
+        .all(|b| b.is_ascii() && !b.is_ascii_uppercase() && !matches!(b, b'_' | b'-' | b' '))
+    {
+        return Cow::Borrowed(key);
+    }
+    Cow::Owned(
+        key.chars()
+            .filter(|c| !matches!(c, '_' | '-' | ' '))
+            .flat_map(char::to_lowercase)
+            .collect(),
+    )
 }
 
 enum Canon<'a> {
@@ -721,7 +735,7 @@ impl Canon<'_> {
             Canon::Call => value.is_null(),
             Canon::Outcome { extra } => {
                 let key = normalize_key(key);
-                BUILTIN_VOLATILE.contains(&key.as_str()) || extra.contains(&key)
+                BUILTIN_VOLATILE.contains(&key.as_ref()) || extra.iter().any(|e| *e == key)
             }
         }
     }
@@ -781,16 +795,27 @@ fn write_number(n: &Number, out: &mut String) {
 
 fn write_string(s: &str, out: &mut String) {
     out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
+    // Every result's strings go through here, so the runs between escapes
+    // are copied whole rather than char by char. Each byte escaped is
+    // ASCII, so the slices end on char boundaries.
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escape = match b {
+            b'"' => Some("\\\""),
+            b'\\' => Some("\\\\"),
+            0x00..=0x1f => None,
+            _ => continue,
+        };
+        out.push_str(&s[start..i]);
+        match escape {
+            Some(escape) => out.push_str(escape),
+            None => {
+                let _ = write!(out, "\\u{b:04x}");
             }
-            c => out.push(c),
         }
+        start = i + 1;
     }
+    out.push_str(&s[start..]);
     out.push('"');
 }
 

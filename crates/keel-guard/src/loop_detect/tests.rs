@@ -902,6 +902,23 @@ fn fingerprints_are_pinned() {
         outcome_fingerprint("  done \n", None, &[]),
         "289393223bbba278"
     );
+    // Escapes, control characters and non-ASCII text, and keys that
+    // differ from their volatile-field form only in case and `_`.
+    assert_eq!(
+        call_fingerprint(
+            "x",
+            &json!({"b": [1, 2.5, "é\"\n\\\u{1f}ok"], "Run_Id": "q"})
+        ),
+        "6e4859b4f4741340"
+    );
+    assert_eq!(
+        outcome_fingerprint(
+            r#"{"Request_Id": 1, "Temp-C": "9\"0\u0007", "ok": ["a\\b"]}"#,
+            None,
+            &["temp_c".to_owned()]
+        ),
+        "2943445db75511f2"
+    );
     // Deterministic within a process, too.
     for _ in 0..3 {
         assert_eq!(
