@@ -423,15 +423,101 @@ async fn the_events_of_one_commit_are_one_row_read_from_any_point() {
     );
 }
 
+/// Runs of a version 9 database that had not ended are still the ones a
+/// restarted node resumes after the unfinished-runs index is rebuilt, in
+/// creation order, and runs ending afterwards leave the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_9_database_keeps_its_unfinished_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let conn = database_at_version(&path, 9);
+    conn.execute_batch("INSERT INTO sessions VALUES ('t', 's', '2026-11-01T00:00:00Z');")
+        .unwrap();
+    let usage = serde_json::to_string(&keel_protocol::Usage::default()).unwrap();
+    let principal = serde_json::to_string(&store_suite::new_run("t", "s").principal).unwrap();
+    let statuses = [
+        "completed",
+        "running",
+        "failed",
+        "waiting_approval",
+        "cancelled",
+        "queued",
+        "waiting_input",
+    ];
+    for (ord, status) in statuses.iter().enumerate() {
+        conn.execute(
+            "INSERT INTO runs (id, ord, tenant, session, agent, status, input, usage, metadata, \
+               state, principal, created_at, updated_at) \
+             VALUES (?1, ?2, 't', 's', 'default', ?3, 'hi', ?4, '{}', 'null', ?5, \
+               '2026-11-01T00:00:00Z', '2026-11-01T00:00:00Z')",
+            rusqlite::params![
+                format!("run_{ord}"),
+                ord as i64 + 1,
+                status,
+                usage,
+                principal
+            ],
+        )
+        .unwrap();
+    }
+    drop(conn);
+
+    let store = SqliteStore::open(&path).unwrap();
+    let unfinished = |runs: Vec<keel_protocol::RunRecord>| -> Vec<String> {
+        runs.into_iter().map(|r| r.id).collect()
+    };
+    assert_eq!(
+        unfinished(store.unfinished_runs().await.unwrap()),
+        ["run_1", "run_3", "run_5", "run_6"]
+    );
+
+    // A run that ends leaves the index; one that starts enters it.
+    store
+        .commit(
+            "run_3",
+            Commit {
+                patch: Some(RunPatch {
+                    status: Some(RunStatus::Cancelled),
+                    ..RunPatch::default()
+                }),
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    let (fresh, _) = store
+        .create_run(store_suite::new_run("t", "s"))
+        .await
+        .unwrap();
+    assert_eq!(
+        unfinished(store.unfinished_runs().await.unwrap()),
+        ["run_1", "run_5", "run_6", fresh.id.as_str()]
+    );
+    drop(store);
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let index: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE name = 'runs_unfinished'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(!index.contains(" IN "), "{index}");
+}
+
 /// A database file at schema `version`, as a build of that version left it.
 fn database_at_version(path: &std::path::Path, version: usize) -> rusqlite::Connection {
-    const MIGRATIONS: [&str; 6] = [
+    const MIGRATIONS: [&str; 9] = [
         include_str!("../migrations/sqlite/0001_init.sql"),
         include_str!("../migrations/sqlite/0002_approvals.sql"),
         include_str!("../migrations/sqlite/0003_leases.sql"),
         include_str!("../migrations/sqlite/0004_channel_messages.sql"),
         include_str!("../migrations/sqlite/0005_quotas.sql"),
         include_str!("../migrations/sqlite/0006_message_ids.sql"),
+        include_str!("../migrations/sqlite/0007_events_appended.sql"),
+        include_str!("../migrations/sqlite/0008_run_calls.sql"),
+        include_str!("../migrations/sqlite/0009_event_batches.sql"),
     ];
     let conn = rusqlite::Connection::open(path).unwrap();
     for sql in &MIGRATIONS[..version] {

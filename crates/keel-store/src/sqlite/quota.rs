@@ -101,15 +101,23 @@ pub(super) fn take_slot(
 
 /// Gives back the run's slot, if it holds one; called inside the commit
 /// that ends the run, so a slot is given back exactly once.
+///
+/// A lookup, then a delete, rather than `DELETE … RETURNING`: SQLite
+/// collects a statement's returned rows in a temporary B-tree, built anew
+/// at each run's end, and most runs hold no slot at all.
 pub(super) fn release_slot(conn: &Connection, run_id: &str) -> Result<(), StoreError> {
     let tenant: Option<String> = conn
-        .prepare_cached("DELETE FROM quota_run_slots WHERE run_id = ?1 RETURNING tenant")
-        .map_err(db("preparing run slot release"))?
+        .prepare_cached("SELECT tenant FROM quota_run_slots WHERE run_id = ?1")
+        .map_err(db("preparing run slot lookup"))?
         .query_row([run_id], |r| r.get(0))
         .optional()
+        .map_err(db("looking up run slot"))?;
+    let Some(tenant) = tenant else {
+        return Ok(());
+    };
+    conn.prepare_cached("DELETE FROM quota_run_slots WHERE run_id = ?1")
+        .map_err(db("preparing run slot release"))?
+        .execute([run_id])
         .map_err(db("releasing run slot"))?;
-    match tenant {
-        Some(tenant) => give_back(conn, &slots_key(&tenant), 1),
-        None => Ok(()),
-    }
+    give_back(conn, &slots_key(&tenant), 1)
 }

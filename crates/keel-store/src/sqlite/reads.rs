@@ -219,11 +219,14 @@ pub(super) fn session_messages(
 }
 
 pub(super) fn unfinished_runs(conn: &Connection) -> Result<Vec<RunRecord>, StoreError> {
-    // The condition matches the `runs_unfinished` partial index exactly.
+    // The condition is the `runs_unfinished` partial index's, in the same
+    // form (migration 0010): SQLite uses a partial index only for a query
+    // whose terms include its condition's.
     let mut stmt = conn
         .prepare_cached(&format!(
             "SELECT {RUN_COLUMNS} FROM runs \
-             WHERE status NOT IN ('completed', 'failed', 'cancelled') ORDER BY ord"
+             WHERE status <> 'completed' AND status <> 'failed' AND status <> 'cancelled' \
+             ORDER BY ord"
         ))
         .map_err(db("preparing unfinished runs query"))?;
     let raws = stmt
