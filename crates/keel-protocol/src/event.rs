@@ -255,8 +255,37 @@ impl Event {
         if let Some(text) = self.encoded.0.get() {
             return Ok(text);
         }
-        let text = serde_json::to_string(self)?;
+        let text = self.encode()?;
         Ok(self.encoded.0.get_or_init(|| text.into()))
+    }
+
+    /// The text the derived `Serialize` writes, made faster: serde writes a
+    /// `#[serde(flatten)]` field through a map serializer that handles each
+    /// field of the payload as a map entry. Here the three common fields are
+    /// written first, then the payload's own object (an internally tagged
+    /// enum, so always an object opening with its `type`) with its opening
+    /// brace dropped: the same fields, in the same order.
+    fn encode(&self) -> Result<String, serde_json::Error> {
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"{\"run_id\":");
+        serde_json::to_writer(&mut out, &self.run_id)?;
+        out.extend_from_slice(b",\"seq\":");
+        serde_json::to_writer(&mut out, &self.seq)?;
+        out.extend_from_slice(b",\"ts\":");
+        crate::timestamp::serialize(&self.ts, &mut serde_json::Serializer::new(&mut out))?;
+        let payload_at = out.len();
+        serde_json::to_writer(&mut out, &self.kind)?;
+        match out.get(payload_at) {
+            Some(b'{') => out[payload_at] = b',',
+            _ => {
+                return Err(serde::ser::Error::custom(
+                    "an event's payload must serialize as an object",
+                ));
+            }
+        }
+        // serde_json writes valid UTF-8 only; the check costs a pass over
+        // the text and keeps this free of `unsafe`.
+        String::from_utf8(out).map_err(serde::ser::Error::custom)
     }
 
     pub fn type_name(&self) -> &'static str {
@@ -497,6 +526,69 @@ mod tests {
         assert_eq!(v["answer"], "42");
         let back: Event = serde_json::from_value(v).unwrap();
         assert_eq!(back, e);
+    }
+
+    /// `Event::json` writes its text by hand; it must be the derived
+    /// `Serialize`'s text byte for byte, escapes, optional fields and
+    /// nested JSON included, since stored events are read back with the
+    /// derived `Deserialize`.
+    #[test]
+    fn kept_text_is_the_derived_serialization() {
+        let ts = chrono::DateTime::parse_from_rfc3339("2026-11-28T01:02:03.456789Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let kinds = [
+            EventKind::RunStarted {
+                input: "line one\nline \"two\" é 漢 \u{1}".into(),
+                session: "s".into(),
+                agent: "default".into(),
+                metadata: serde_json::json!({"channel": "slack", "n": [1, 2.5]}),
+            },
+            EventKind::RunStarted {
+                input: String::new(),
+                session: "s".into(),
+                agent: "a".into(),
+                metadata: Value::Null,
+            },
+            EventKind::ReactPlan {
+                step: 7,
+                action: Action::CallTool,
+                tool_calls: vec![PlannedCall {
+                    call_id: "call_1".into(),
+                    tool: "lookup".into(),
+                    arguments: serde_json::json!({"key": "k\t1", "deep": {"x": null}}),
+                }],
+                intent: Some("find \\ it".into()),
+                confidence: Some(0.5),
+                missing_slots: None,
+                brief_rationale: None,
+            },
+            EventKind::PolicyDecision {
+                step: 1,
+                decision: Decision::Execute,
+                reason: "ok".into(),
+                rule: "default".into(),
+                call_id: Some("call_1".into()),
+            },
+            EventKind::ToolResult {
+                step: 1,
+                call_id: "call_1".into(),
+                tool: "lookup".into(),
+                ok: false,
+                duration_ms: u64::MAX,
+                output: "<tool_output>\r\n</tool_output>".into(),
+                error: Some("timed out".into()),
+            },
+            EventKind::Final {
+                answer: "done".into(),
+            },
+        ];
+        for (i, kind) in kinds.into_iter().enumerate() {
+            let e = Event::new(format!("run_\"{i}\""), u64::MAX - i as u64, ts, kind);
+            assert_eq!(e.json().unwrap(), serde_json::to_string(&e).unwrap());
+            let back: Event = serde_json::from_str(e.json().unwrap()).unwrap();
+            assert_eq!(back, e);
+        }
     }
 
     #[test]
