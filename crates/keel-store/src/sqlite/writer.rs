@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use keel_protocol::{ApprovalRecord, ApprovalStatus, Commit, Event, NewRun, RunRecord, StoreError};
@@ -206,15 +206,14 @@ fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = Wri
         apply_single(conn, op);
         return;
     }
-    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(e) => {
-            let message = format!("starting write transaction: {e}");
-            tracing::error!(error = %e, "store writer could not start a transaction");
-            ops.for_each(|op| op.reject(&message));
-            return;
-        }
-    };
+    // The transaction statements are cached, as in `apply_single`:
+    // rusqlite's `Transaction` has SQLite parse them anew for every batch.
+    if let Err(e) = exec_cached(conn, "BEGIN IMMEDIATE") {
+        let message = format!("starting write transaction: {e}");
+        tracing::error!(error = %e, "store writer could not start a transaction");
+        ops.for_each(|op| op.reject(&message));
+        return;
+    }
     let mut applied = Vec::with_capacity(size);
     let mut broken: Option<String> = None;
     for op in ops {
@@ -224,21 +223,21 @@ fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = Wri
         }
         // A savepoint that cannot be opened leaves the transaction
         // untrusted: the whole batch rolls back.
-        if let Err(e) = exec_cached(&tx, "SAVEPOINT keel_request") {
+        if let Err(e) = exec_cached(conn, "SAVEPOINT keel_request") {
             let message = format!("opening savepoint: {e}");
             op.reject(&message);
             broken = Some(message);
             continue;
         }
-        let (done, failure) = apply_one(&tx, op);
+        let (done, failure) = apply_one(conn, op);
         applied.push(done);
         broken = failure;
     }
     let outcome = match broken {
         Some(message) => Err(message),
-        None => tx
-            .commit()
-            .map_err(|e| format!("committing write transaction: {e}")),
+        None => {
+            exec_cached(conn, "COMMIT").map_err(|e| format!("committing write transaction: {e}"))
+        }
     };
     match outcome {
         Ok(()) => {
@@ -246,6 +245,13 @@ fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = Wri
             applied.into_iter().for_each(Applied::deliver);
         }
         Err(message) => {
+            // A failed COMMIT leaves the transaction open; a rollback
+            // that fails too leaves nothing more to do than report it.
+            if !conn.is_autocommit()
+                && let Err(e) = exec_cached(conn, "ROLLBACK")
+            {
+                tracing::error!(error = %e, "store batch could not roll back");
+            }
             tracing::error!(error = %message, size, "store batch rolled back");
             applied.into_iter().for_each(|a| a.fail(&message));
         }
