@@ -189,16 +189,16 @@ fn stopped() -> StoreError {
     StoreError::Backend("store writer has stopped".into())
 }
 
-fn run(mut conn: Connection, mut rx: mpsc::Receiver<WriteOp>, nudge: &Nudge) {
+fn run(conn: Connection, mut rx: mpsc::Receiver<WriteOp>, nudge: &Nudge) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.blocking_recv_many(&mut batch, MAX_BATCH) > 0 {
-        apply_batch(&mut conn, batch.drain(..));
+        apply_batch(&conn, batch.drain(..));
         nudge.send();
     }
     tracing::debug!("store writer stopped");
 }
 
-fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = WriteOp>) {
+fn apply_batch(conn: &Connection, mut ops: impl ExactSizeIterator<Item = WriteOp>) {
     let size = ops.len();
     if size == 1
         && let Some(op) = ops.next()
@@ -206,11 +206,7 @@ fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = Wri
         apply_single(conn, op);
         return;
     }
-    // The transaction statements are cached, as in `apply_single`:
-    // rusqlite's `Transaction` has SQLite parse them anew for every batch.
-    if let Err(e) = exec_cached(conn, "BEGIN IMMEDIATE") {
-        let message = format!("starting write transaction: {e}");
-        tracing::error!(error = %e, "store writer could not start a transaction");
+    if let Err(message) = begin(conn) {
         ops.for_each(|op| op.reject(&message));
         return;
     }
@@ -234,10 +230,11 @@ fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = Wri
         broken = failure;
     }
     let outcome = match broken {
-        Some(message) => Err(message),
-        None => {
-            exec_cached(conn, "COMMIT").map_err(|e| format!("committing write transaction: {e}"))
+        Some(message) => {
+            roll_back(conn);
+            Err(message)
         }
+        None => end(conn, true),
     };
     match outcome {
         Ok(()) => {
@@ -245,13 +242,6 @@ fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = Wri
             applied.into_iter().for_each(Applied::deliver);
         }
         Err(message) => {
-            // A failed COMMIT leaves the transaction open; a rollback
-            // that fails too leaves nothing more to do than report it.
-            if !conn.is_autocommit()
-                && let Err(e) = exec_cached(conn, "ROLLBACK")
-            {
-                tracing::error!(error = %e, "store batch could not roll back");
-            }
             tracing::error!(error = %message, size, "store batch rolled back");
             applied.into_iter().for_each(|a| a.fail(&message));
         }
@@ -261,10 +251,8 @@ fn apply_batch(conn: &mut Connection, mut ops: impl ExactSizeIterator<Item = Wri
 /// A batch of one (the common case when runs are few) needs no savepoint:
 /// its transaction is the unit that commits or rolls back. The transaction
 /// statements are cached, so nothing is parsed again per commit.
-fn apply_single(conn: &mut Connection, op: WriteOp) {
-    if let Err(e) = exec_cached(conn, "BEGIN IMMEDIATE") {
-        let message = format!("starting write transaction: {e}");
-        tracing::error!(error = %e, "store writer could not start a transaction");
+fn apply_single(conn: &Connection, op: WriteOp) {
+    if let Err(message) = begin(conn) {
         op.reject(&message);
         return;
     }
@@ -292,19 +280,42 @@ fn apply_single(conn: &mut Connection, op: WriteOp) {
         ),
         WriteOp::Exec { run, reply } => Applied::Exec(reply, run(conn)),
     };
-    let end = if applied.succeeded() {
-        exec_cached(conn, "COMMIT")
-    } else {
-        exec_cached(conn, "ROLLBACK")
-    };
-    match end {
+    match end(conn, applied.succeeded()) {
         Ok(()) => applied.deliver(),
-        Err(e) => {
-            let message = format!("ending write transaction: {e}");
+        Err(message) => {
             tracing::error!(error = %message, "store write rolled back");
-            let _ = exec_cached(conn, "ROLLBACK");
             applied.fail(&message);
         }
+    }
+}
+
+/// Opens the write transaction of a batch. Its statements, like every
+/// other the writer runs, are cached: rusqlite's `Transaction` would have
+/// SQLite parse them anew for every batch.
+fn begin(conn: &Connection) -> Result<(), String> {
+    exec_cached(conn, "BEGIN IMMEDIATE").map_err(|e| {
+        tracing::error!(error = %e, "store writer could not start a transaction");
+        format!("starting write transaction: {e}")
+    })
+}
+
+/// Commits the open transaction, or rolls it back when `commit` is false.
+/// A COMMIT that fails leaves the transaction open, so it is rolled back.
+fn end(conn: &Connection, commit: bool) -> Result<(), String> {
+    let sql = if commit { "COMMIT" } else { "ROLLBACK" };
+    exec_cached(conn, sql).map_err(|e| {
+        roll_back(conn);
+        format!("ending write transaction: {e}")
+    })
+}
+
+/// Rolls back whatever transaction is still open; one that cannot be
+/// rolled back is left to report.
+fn roll_back(conn: &Connection) {
+    if !conn.is_autocommit()
+        && let Err(e) = exec_cached(conn, "ROLLBACK")
+    {
+        tracing::error!(error = %e, "store writer could not roll back");
     }
 }
 
