@@ -177,3 +177,62 @@ async fn typing_new_resets_without_asking_the_model_and_busy_sessions_are_refuse
     keel.post(&format!("/ai/runs/{id}/cancel"), json!({}), None)
         .await;
 }
+
+#[tokio::test]
+async fn a_session_keel_made_up_is_continued_by_the_next_run() {
+    let model = FakeOpenAi::start(Script::queue(vec![
+        Reply::text("Furnace F7 ran batch B-12 at 1,480 °C."),
+        Reply::text("It was B-12."),
+        Reply::text("Nothing new."),
+    ]))
+    .await;
+    let tools = ToolServer::start().await;
+    let keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
+    // No session: keel makes one up, and the run starts with no history.
+    let (code, first) = keel
+        .post("/ai/runs", json!({"input": "What did F7 run?"}), None)
+        .await;
+    assert_eq!(code, 201, "{first}");
+    let session = first["session"].as_str().unwrap().to_owned();
+    keel.wait_status(first["id"].as_str().unwrap(), "completed", None)
+        .await;
+    assert_eq!(
+        user_messages(&model.requests()[0]),
+        vec!["What did F7 run?".to_owned()]
+    );
+
+    // The next run names that session and sees the first run's exchange.
+    let (code, second) = keel
+        .post(
+            "/ai/runs",
+            json!({"input": "Which batch was that again?", "session": session}),
+            None,
+        )
+        .await;
+    assert_eq!(code, 201, "{second}");
+    keel.wait_status(second["id"].as_str().unwrap(), "completed", None)
+        .await;
+    let prompt = &model.requests()[1];
+    assert_eq!(
+        user_messages(prompt),
+        vec![
+            "What did F7 run?".to_owned(),
+            "Which batch was that again?".to_owned()
+        ]
+    );
+    assert!(
+        prompt.to_string().contains("batch B-12 at 1,480"),
+        "the first run's answer is in the second run's prompt: {prompt}"
+    );
+    // A third run without a session starts fresh again.
+    let (_, third) = keel
+        .post("/ai/runs", json!({"input": "Anything new?"}), None)
+        .await;
+    assert_ne!(third["session"], json!(session));
+    keel.wait_status(third["id"].as_str().unwrap(), "completed", None)
+        .await;
+    assert_eq!(
+        user_messages(&model.requests()[2]),
+        vec!["Anything new?".to_owned()]
+    );
+}
