@@ -576,8 +576,8 @@ async fn the_wal_starts_over_under_a_steady_stream_of_commits() {
             .unwrap();
         largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
     }
-    // The restart size is 4,096 frames of 4 KiB; a commit here is about
-    // five frames, some 80 MB over the whole loop.
+    // The restart size is 4,096 frames (of 2 KiB pages, 4 KiB in a file
+    // made with SQLite's default); the loop writes some 80 MB of frames.
     let bound = 3 * 4_096 * 4_120;
     assert!(
         largest < bound,
@@ -632,4 +632,50 @@ async fn a_commit_waiting_for_the_write_lock_does_not_hold_up_its_thread() {
         "other tasks ran {ticked} times while the commit waited"
     );
     assert_eq!(store.events_after(&run.id, 0, 10).await.unwrap(), events);
+}
+
+/// A new file gets keel's smaller pages; a file made with SQLite's default
+/// 4 KiB pages (by an earlier keel) keeps them, migrates and takes commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_files_get_small_pages_and_older_files_keep_theirs() {
+    let page_size = |path: &std::path::Path| -> i64 {
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .unwrap()
+    };
+    let (dir, path, store, _tenant, _run) = store_with_a_run().await;
+    drop(store);
+    assert_eq!(page_size(&path), 2048);
+
+    let older = dir.path().join("older.db");
+    rusqlite::Connection::open(&older)
+        .unwrap()
+        .execute_batch(
+            "PRAGMA page_size = 4096; CREATE TABLE made_before (x); DROP TABLE made_before;",
+        )
+        .unwrap();
+    let store = SqliteStore::open(&older).unwrap();
+    let tenant = keel_protocol::new_id("ten");
+    let (run, _) = store
+        .create_run(store_suite::new_run(&tenant, "s"))
+        .await
+        .unwrap();
+    let events = store
+        .commit(
+            &run.id,
+            Commit {
+                events: vec![EventKind::MessageDelta {
+                    text: "in an older file".into(),
+                }],
+                messages: vec![Message::user("in an older file")],
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.events_after(&run.id, 0, 10).await.unwrap(), events);
+    assert_eq!(store.history(&run.id).await.unwrap().len(), 1);
+    drop(store);
+    assert_eq!(page_size(&older), 4096);
 }

@@ -36,8 +36,9 @@ const MIN_INTERVAL: Duration = Duration::from_millis(50);
 /// so that a write burst is folded back into the database soon after.
 const IDLE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// WAL frames (pages of 4 KiB with a small header) past which a checkpoint
-/// makes the WAL start over: about 16 MiB, the WAL file's size under load.
+/// WAL frames (a page and a small header each) past which a checkpoint
+/// makes the WAL start over: about 8 MiB with keel's 2 KiB pages (16 MiB in
+/// a file made with SQLite's default 4 KiB), the WAL file's size under load.
 const RESTART_FRAMES: i64 = 4096;
 
 /// How long a RESTART checkpoint waits for the writer's transaction and
