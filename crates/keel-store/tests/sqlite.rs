@@ -30,13 +30,7 @@ async fn data_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     // A nested path: open creates the directories.
     let path = dir.path().join("data").join("nested").join("keel.db");
-    let tenant = keel_protocol::new_id("ten");
-
-    let store = SqliteStore::open(&path).unwrap();
-    let (run, _) = store
-        .create_run(store_suite::new_run(&tenant, "s"))
-        .await
-        .unwrap();
+    let (store, tenant, run) = open_with_a_run(&path).await;
     let events = store
         .commit(
             &run.id,
@@ -538,13 +532,21 @@ async fn store_with_a_run() -> (
 ) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keel.db");
-    let store = SqliteStore::open(&path).unwrap();
+    let (store, tenant, run) = open_with_a_run(&path).await;
+    (dir, path, store, tenant, run)
+}
+
+/// Opens (creating it) the store at `path` and starts a run of a new tenant there.
+async fn open_with_a_run(
+    path: &std::path::Path,
+) -> (SqliteStore, String, keel_protocol::RunRecord) {
+    let store = SqliteStore::open(path).unwrap();
     let tenant = keel_protocol::new_id("ten");
     let (run, _) = store
         .create_run(store_suite::new_run(&tenant, "s"))
         .await
         .unwrap();
-    (dir, path, store, tenant, run)
+    (store, tenant, run)
 }
 
 /// A steady stream of commits, each rewriting a run's 6 KB state as a tool
@@ -655,12 +657,7 @@ async fn new_files_get_small_pages_and_older_files_keep_theirs() {
             "PRAGMA page_size = 4096; CREATE TABLE made_before (x); DROP TABLE made_before;",
         )
         .unwrap();
-    let store = SqliteStore::open(&older).unwrap();
-    let tenant = keel_protocol::new_id("ten");
-    let (run, _) = store
-        .create_run(store_suite::new_run(&tenant, "s"))
-        .await
-        .unwrap();
+    let (store, _tenant, run) = open_with_a_run(&older).await;
     let events = store
         .commit(
             &run.id,
