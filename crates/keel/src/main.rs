@@ -186,13 +186,10 @@ fn main() -> std::process::ExitCode {
         logging::Destination::Stderr
     };
     logging::init(destination);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match async_runtime() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("keel: cannot start the async runtime: {e}");
+            eprintln!("keel: {e}");
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -254,6 +251,43 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The async runtime: tokio's work-stealing scheduler with a worker per
+/// CPU, or the current-thread scheduler where there is one CPU to use (a
+/// container limited to one, a process pinned to one) or
+/// `TOKIO_WORKER_THREADS=1` asks for one worker. With one CPU the
+/// work-stealing scheduler only adds cost: its worker takes every task
+/// through queues shared with other threads, and the main thread, which
+/// polls the top-level future, wakes beside it (bench/README.md measured
+/// about a fifth less CPU per concurrent turn without it). Blocking work
+/// (store reads) still runs on the blocking pool, and the store's writer,
+/// the local model and the telemetry exporter on threads of their own.
+fn async_runtime() -> Result<tokio::runtime::Runtime, String> {
+    let workers = match std::env::var("TOKIO_WORKER_THREADS") {
+        Ok(text) => match text.trim().parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                return Err(format!(
+                    "TOKIO_WORKER_THREADS: must be a whole number of at least 1, got `{text}`"
+                ));
+            }
+        },
+        Err(_) => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+    };
+    let mut builder = if workers == 1 {
+        tracing::info!("async runtime: one thread (current-thread scheduler)");
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tracing::info!(workers, "async runtime: work-stealing scheduler");
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(workers);
+        builder
+    };
+    builder
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
 }
 
 #[cfg(feature = "local")]
