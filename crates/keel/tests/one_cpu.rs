@@ -28,7 +28,16 @@ async fn start_one_thread(script: Script) -> (FakeOpenAi, ToolServer, Keel) {
     let mut env = one_worker(&model, &tools);
     env.auth = true;
     let keel = Keel::start(&env).await;
+    assert_eq!(one_thread_starts(&keel), 1, "{}", keel.log());
     (model, tools, keel)
+}
+
+/// How many times the server's log (across restarts) says it started on
+/// one thread.
+fn one_thread_starts(keel: &Keel) -> usize {
+    keel.log()
+        .matches("async runtime: one thread (current-thread scheduler)")
+        .count()
 }
 
 /// Approves the call `run_id` waits for, once it waits, and waits for the
@@ -67,11 +76,6 @@ async fn one_thread_serves_tool_turns_approvals_and_streams() {
         Reply::text("F1 runs; line F2 is shut down."),
     ]))
     .await;
-    let log = keel.log();
-    assert!(
-        log.contains("async runtime: one thread (current-thread scheduler)"),
-        "{log}"
-    );
     let id = keel
         .start_run("How is F1? Then shut line F2 down.", Some(KEY_ACME))
         .await;
@@ -94,6 +98,7 @@ async fn on_one_thread_a_run_awaiting_approval_survives_kill_9() {
         .await;
     keel.kill9().await;
     keel.restart().await;
+    assert_eq!(one_thread_starts(&keel), 2, "{}", keel.log());
     // Still waiting after the crash; the approval given now lets it finish.
     let (run, frames) = approve_and_finish(&keel, &id).await;
     assert_eq!(run["output"], "Line F2 is shut down.");
