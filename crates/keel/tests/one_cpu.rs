@@ -13,9 +13,11 @@ use keel_test_support::sse::Frame;
 use keel_test_support::tool_server::ToolServer;
 use serde_json::json;
 
-fn one_worker(model: &FakeOpenAi, tools: &ToolServer) -> Env {
+/// The server's environment with `TOKIO_WORKER_THREADS` set to `workers`.
+fn with_workers(model: &FakeOpenAi, tools: &ToolServer, workers: &str) -> Env {
     let mut env = Env::new(&model.base_url(), &tools.base_url());
-    env.vars.push(("TOKIO_WORKER_THREADS".into(), "1".into()));
+    env.vars
+        .push(("TOKIO_WORKER_THREADS".into(), workers.into()));
     // The runtime names its scheduler at start, at level info.
     env.log = "info".into();
     env
@@ -25,7 +27,7 @@ fn one_worker(model: &FakeOpenAi, tools: &ToolServer) -> Env {
 async fn start_one_thread(script: Script) -> (FakeOpenAi, ToolServer, Keel) {
     let model = FakeOpenAi::start(script).await;
     let tools = ToolServer::start().await;
-    let mut env = one_worker(&model, &tools);
+    let mut env = with_workers(&model, &tools, "1");
     env.auth = true;
     let keel = Keel::start(&env).await;
     assert_eq!(one_thread_starts(&keel), 1, "{}", keel.log());
@@ -133,9 +135,7 @@ async fn a_worker_count_that_is_not_a_number_is_named_in_the_error() {
 async fn more_workers_use_the_work_stealing_scheduler() {
     let model = FakeOpenAi::start(Script::queue(vec![Reply::text("Hello.")])).await;
     let tools = ToolServer::start().await;
-    let mut env = one_worker(&model, &tools);
-    env.vars = vec![("TOKIO_WORKER_THREADS".into(), "3".into())];
-    let keel = Keel::start(&env).await;
+    let keel = Keel::start(&with_workers(&model, &tools, "3")).await;
     let id = keel.start_run("Hi", None).await;
     let run = keel.wait_status(&id, "completed", None).await;
     assert_eq!(run["output"], "Hello.");
