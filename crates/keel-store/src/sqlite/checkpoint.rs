@@ -46,7 +46,9 @@ const RESTART_FRAMES: i64 = 4096;
 /// readers, so it gives up soon and tries again at the next checkpoint.
 const RESTART_WAIT: Duration = Duration::from_millis(100);
 
-/// Lets the writer ask for a checkpoint; the thread stops once this is dropped.
+/// Lets the writer ask for a checkpoint; the thread stops once every copy
+/// of this is dropped.
+#[derive(Clone)]
 pub(super) struct Nudge(SyncSender<()>);
 
 impl Nudge {

@@ -1,15 +1,20 @@
 //! The single writer: one thread owns the write connection and applies
-//! queued requests in one transaction per batch (group commit).
+//! queued requests in one transaction per batch (group commit). On a
+//! current-thread runtime a request that is alone is written on the
+//! runtime's thread instead (`Writer::submit`).
 //!
 //! SQLite admits one writer at a time anyway; funnelling writes through one
 //! thread avoids lock contention and `SQLITE_BUSY`, and batching amortizes the
 //! cost of a commit over every request that arrived while the last one ran.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rusqlite::Connection;
+use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::{mpsc, oneshot};
 
 use keel_protocol::{ApprovalRecord, ApprovalStatus, Commit, Event, NewRun, RunRecord, StoreError};
@@ -115,12 +120,18 @@ impl WriteOp {
     }
 }
 
-/// The sending side of the writer; dropping it stops the thread once the
-/// requests already queued are written.
+/// The writing side of the store; dropping it returns once the requests
+/// already submitted are written and the file is released.
 pub(super) struct Writer {
     queue: Option<mpsc::Sender<WriteOp>>,
     thread: Option<JoinHandle<()>>,
     checkpointer: Option<JoinHandle<()>>,
+    conn: Arc<Mutex<Connection>>,
+    nudge: Option<Nudge>,
+    /// On a current-thread runtime: how many requests are deciding whether
+    /// to be written where they are (see [`Writer::submit`]).
+    deciding: Option<AtomicUsize>,
+    busy: Duration,
 }
 
 impl Writer {
@@ -132,34 +143,113 @@ impl Writer {
         busy: Duration,
     ) -> Result<Self, StoreError> {
         let (nudge, checkpointer) = checkpoint::spawn(path, busy)?;
+        let conn = Arc::new(Mutex::new(conn));
         let (queue, rx) = mpsc::channel(QUEUE_DEPTH);
         // Should this fail, dropping `nudge` stops the checkpoint thread.
         let thread = std::thread::Builder::new()
             .name("keel-store-writer".into())
-            .spawn(move || run(conn, rx, &nudge))
+            .spawn({
+                let conn = Arc::clone(&conn);
+                let nudge = nudge.clone();
+                move || run(&conn, rx, &nudge)
+            })
             .map_err(|e| StoreError::Backend(format!("starting store writer thread: {e}")))?;
+        // Opened from a current-thread runtime (or its blocking pool).
+        let one_thread = Handle::try_current()
+            .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::CurrentThread);
         Ok(Self {
             queue: Some(queue),
             thread: Some(thread),
             checkpointer: Some(checkpointer),
+            conn,
+            nudge: Some(nudge),
+            deciding: one_thread.then(AtomicUsize::default),
+            busy,
         })
     }
 
     /// Queues a request and waits until the transaction holding it commits.
+    ///
+    /// On a current-thread runtime a request that finds itself alone is
+    /// written on the runtime's thread instead. There the writer thread
+    /// shares the one CPU, so a lone commit cost two thread switches and
+    /// their wake-ups for nothing: the runtime's thread had nothing else to
+    /// run meanwhile. The request first yields, so that every other task
+    /// ready to run can submit too; when others did, the writer thread takes
+    /// them all in one batch, as before, and the runtime's thread goes on
+    /// with other runs while it writes. A request also goes to the thread
+    /// when the thread is writing, or another connection holds the write
+    /// lock: the runtime's thread never waits for it.
     pub(super) async fn submit<T>(
         &self,
         make: impl FnOnce(Reply<T>) -> WriteOp,
     ) -> Result<T, StoreError> {
         let queue = self.queue.as_ref().ok_or_else(stopped)?;
         let (reply, result) = oneshot::channel();
-        queue.send(make(reply)).await.map_err(|_| stopped())?;
-        result
-            .await
-            .map_err(|_| StoreError::Backend("store writer dropped the request".into()))?
+        let mut op = make(reply);
+        if let Some(deciding) = &self.deciding {
+            let alone = {
+                let _deciding = Deciding::enter(deciding);
+                tokio::task::yield_now().await;
+                deciding.load(Ordering::Relaxed) == 1
+            };
+            if alone && queue.capacity() == queue.max_capacity() {
+                match self.write_here(op) {
+                    Some(left) => op = left,
+                    None => return received(result).await,
+                }
+            }
+        }
+        queue.send(op).await.map_err(|_| stopped())?;
+        received(result).await
+    }
+
+    /// Writes `op` in a transaction of its own on the calling thread, unless
+    /// the writer thread or another connection is writing: then hands it back.
+    fn write_here(&self, op: WriteOp) -> Option<WriteOp> {
+        let Ok(conn) = self.conn.try_lock() else {
+            return Some(op);
+        };
+        match begin_now(&conn, self.busy) {
+            Begin::Open => {
+                apply_begun(&conn, std::iter::once(op));
+                if let Some(nudge) = &self.nudge {
+                    nudge.send();
+                }
+                None
+            }
+            Begin::Busy => Some(op),
+            Begin::Failed(message) => {
+                op.reject(&message);
+                None
+            }
+        }
     }
 
     pub(super) fn is_running(&self) -> bool {
         self.queue.as_ref().is_some_and(|q| !q.is_closed())
+    }
+}
+
+async fn received<T>(result: oneshot::Receiver<Result<T, StoreError>>) -> Result<T, StoreError> {
+    result
+        .await
+        .map_err(|_| StoreError::Backend("store writer dropped the request".into()))?
+}
+
+/// Counts a request among those deciding; uncounts it however its task ends.
+struct Deciding<'a>(&'a AtomicUsize);
+
+impl<'a> Deciding<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Deciding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -168,8 +258,9 @@ impl Drop for Writer {
     /// sees them and finds the file released.
     fn drop(&mut self) {
         drop(self.queue.take());
-        // The writer holds the checkpointer's nudge: once it has stopped,
-        // so does the checkpointer.
+        drop(self.nudge.take());
+        // The writer thread holds the checkpointer's other nudge: once it
+        // has stopped, so does the checkpointer.
         for thread in [self.thread.take(), self.checkpointer.take()]
             .into_iter()
             .flatten()
@@ -189,25 +280,31 @@ fn stopped() -> StoreError {
     StoreError::Backend("store writer has stopped".into())
 }
 
-fn run(conn: Connection, mut rx: mpsc::Receiver<WriteOp>, nudge: &Nudge) {
+fn run(conn: &Mutex<Connection>, mut rx: mpsc::Receiver<WriteOp>, nudge: &Nudge) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.blocking_recv_many(&mut batch, MAX_BATCH) > 0 {
-        apply_batch(&conn, batch.drain(..));
+        apply_batch(&lock(conn), batch.drain(..));
         nudge.send();
     }
     tracing::debug!("store writer stopped");
 }
 
-fn apply_batch(conn: &Connection, mut ops: impl ExactSizeIterator<Item = WriteOp>) {
+/// Applies `ops` in one transaction and hands each its result once it has
+/// committed (or its error, if it did not).
+fn apply_batch(conn: &Connection, ops: impl ExactSizeIterator<Item = WriteOp>) {
+    match begin(conn) {
+        Ok(()) => apply_begun(conn, ops),
+        Err(message) => ops.for_each(|op| op.reject(&message)),
+    }
+}
+
+/// [`apply_batch`] once its transaction is open: ends it.
+fn apply_begun(conn: &Connection, mut ops: impl ExactSizeIterator<Item = WriteOp>) {
     let size = ops.len();
     if size == 1
         && let Some(op) = ops.next()
     {
         apply_single(conn, op);
-        return;
-    }
-    if let Err(message) = begin(conn) {
-        ops.for_each(|op| op.reject(&message));
         return;
     }
     let mut applied = Vec::with_capacity(size);
@@ -252,10 +349,6 @@ fn apply_batch(conn: &Connection, mut ops: impl ExactSizeIterator<Item = WriteOp
 /// its transaction is the unit that commits or rolls back. The transaction
 /// statements are cached, so nothing is parsed again per commit.
 fn apply_single(conn: &Connection, op: WriteOp) {
-    if let Err(message) = begin(conn) {
-        op.reject(&message);
-        return;
-    }
     let applied = match op {
         WriteOp::CreateRun { run, reply } => {
             Applied::CreateRun(reply, Box::new(writes::create_run(conn, run)))
@@ -296,6 +389,55 @@ fn begin(conn: &Connection) -> Result<(), String> {
     exec_cached(conn, "BEGIN IMMEDIATE").map_err(|e| {
         tracing::error!(error = %e, "store writer could not start a transaction");
         format!("starting write transaction: {e}")
+    })
+}
+
+/// The outcome of trying to open a write transaction without waiting.
+enum Begin {
+    Open,
+    /// Another connection holds the write lock (a checkpoint, another process).
+    Busy,
+    Failed(String),
+}
+
+/// [`begin`] for a connection that does not wait for the write lock
+/// (a busy timeout of zero): says so when another connection holds it.
+fn try_begin(conn: &Connection) -> Begin {
+    match exec_cached(conn, "BEGIN IMMEDIATE") {
+        Ok(()) => Begin::Open,
+        Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
+            roll_back(conn);
+            Begin::Busy
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "store writer could not start a transaction");
+            Begin::Failed(format!("starting write transaction: {e}"))
+        }
+    }
+}
+
+/// [`try_begin`] on a connection that otherwise waits up to `busy` for locks.
+fn begin_now(conn: &Connection, busy: Duration) -> Begin {
+    if let Err(e) = conn.busy_timeout(Duration::ZERO) {
+        return Begin::Failed(format!("setting busy timeout: {e}"));
+    }
+    let begun = try_begin(conn);
+    match conn.busy_timeout(busy) {
+        Ok(()) => begun,
+        Err(e) => {
+            roll_back(conn);
+            Begin::Failed(format!("setting busy timeout: {e}"))
+        }
+    }
+}
+
+/// The connection, also after a panic while it was held: whatever that
+/// left open is rolled back.
+fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    conn.lock().unwrap_or_else(|poisoned| {
+        let conn = poisoned.into_inner();
+        roll_back(&conn);
+        conn
     })
 }
 
