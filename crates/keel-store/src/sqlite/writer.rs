@@ -400,10 +400,14 @@ enum Begin {
     Failed(String),
 }
 
-/// [`begin`] for a connection that does not wait for the write lock
-/// (a busy timeout of zero): says so when another connection holds it.
-fn try_begin(conn: &Connection) -> Begin {
-    match exec_cached(conn, "BEGIN IMMEDIATE") {
+/// [`begin`] without waiting for the write lock, on a connection that
+/// otherwise waits up to `busy` for it: says so when another connection
+/// holds it.
+fn begin_now(conn: &Connection, busy: Duration) -> Begin {
+    if let Err(e) = conn.busy_timeout(Duration::ZERO) {
+        return Begin::Failed(format!("setting busy timeout: {e}"));
+    }
+    let begun = match exec_cached(conn, "BEGIN IMMEDIATE") {
         Ok(()) => Begin::Open,
         Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
             roll_back(conn);
@@ -413,15 +417,7 @@ fn try_begin(conn: &Connection) -> Begin {
             tracing::error!(error = %e, "store writer could not start a transaction");
             Begin::Failed(format!("starting write transaction: {e}"))
         }
-    }
-}
-
-/// [`try_begin`] on a connection that otherwise waits up to `busy` for locks.
-fn begin_now(conn: &Connection, busy: Duration) -> Begin {
-    if let Err(e) = conn.busy_timeout(Duration::ZERO) {
-        return Begin::Failed(format!("setting busy timeout: {e}"));
-    }
-    let begun = try_begin(conn);
+    };
     match conn.busy_timeout(busy) {
         Ok(()) => begun,
         Err(e) => {
