@@ -521,6 +521,95 @@ async fn the_events_of_one_commit_are_one_row_read_from_any_point() {
 /// Runs of a version 9 database that had not ended are still the ones a
 /// restarted node resumes after the unfinished-runs index is rebuilt, in
 /// creation order, and runs ending afterwards leave the list.
+/// A tool turn's events are stored compressed, less than half their text;
+/// rows an earlier version wrote as text are read beside them, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_events_are_stored_compressed_beside_rows_stored_as_text() {
+    let (_dir, path, store, _tenant, run) = store_with_a_run().await;
+    let output = format!(r#"{{"key":"k1","value":"{}"}}"#, "x".repeat(160));
+    let turn = || Commit {
+        events: vec![
+            EventKind::ToolCall {
+                step: 1,
+                call_id: "call_1".into(),
+                tool: "lookup".into(),
+                arguments: serde_json::json!({"key": "k1"}),
+            },
+            EventKind::ToolResult {
+                step: 1,
+                call_id: "call_1".into(),
+                tool: "lookup".into(),
+                ok: true,
+                duration_ms: 1,
+                output: output.clone(),
+                error: None,
+            },
+            EventKind::MessageDelta {
+                text: "la\nst".into(),
+            },
+        ],
+        ..Commit::default()
+    };
+    store.commit(&run.id, turn()).await.unwrap();
+    let written = store.events_after(&run.id, 0, 100).await.unwrap();
+    assert_eq!(written.len(), 3);
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let (kind, stored): (String, i64) = conn
+        .query_row(
+            "SELECT typeof(body), length(body) FROM events WHERE run_id = ?1",
+            [&run.id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let text: usize = written.iter().map(|e| e.json().unwrap().len() + 1).sum();
+    assert_eq!(kind, "blob");
+    assert!(
+        usize::try_from(stored).unwrap() * 2 < text,
+        "{stored} bytes stored for {text} bytes of events"
+    );
+
+    // Events 4 to 6 as an earlier version stored them: text, one per line.
+    let old_text = written
+        .iter()
+        .map(|e| {
+            e.json().unwrap().replace(
+                &format!(r#""seq":{}"#, e.seq),
+                &format!(r#""seq":{}"#, e.seq + 3),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    conn.execute(
+        "INSERT INTO events (run_id, seq, last_seq, body, ts) VALUES (?1, 4, 6, ?2, '2026-01-01T00:00:00Z')",
+        rusqlite::params![run.id, old_text],
+    )
+    .unwrap();
+    conn.execute("UPDATE runs SET last_seq = 6 WHERE id = ?1", [&run.id])
+        .unwrap();
+    drop(conn);
+    store.commit(&run.id, turn()).await.unwrap();
+
+    let all = store.events_after(&run.id, 0, 100).await.unwrap();
+    assert_eq!(
+        all.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=9).collect::<Vec<_>>()
+    );
+    for (i, e) in all.iter().enumerate() {
+        assert_eq!(e.kind, written[i % 3].kind, "event {}", e.seq);
+    }
+    // A cursor inside the text row, and inside the compressed one after it.
+    let seqs = |events: Vec<keel_protocol::Event>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+    assert_eq!(
+        seqs(store.events_after(&run.id, 4, 3).await.unwrap()),
+        [5, 6, 7]
+    );
+    assert_eq!(
+        seqs(store.events_after(&run.id, 7, 100).await.unwrap()),
+        [8, 9]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_9_database_keeps_its_unfinished_runs() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,6 +4,7 @@
 mod approvals;
 mod checkpoint;
 mod codec;
+mod event_rows;
 mod migrate;
 mod pool;
 mod quota;

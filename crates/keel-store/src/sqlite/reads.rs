@@ -113,10 +113,7 @@ pub(super) fn events_after(
             break;
         };
         let first = to_u64(row.get(0).map_err(db("reading event"))?, "seq")?;
-        let body = row.get_ref(1).map_err(db("reading event"))?;
-        let body = body
-            .as_str()
-            .map_err(|e| StoreError::Backend(format!("stored event is not text: {e}")))?;
+        let body = super::event_rows::decode(row.get_ref(1).map_err(db("reading event"))?)?;
         // Its lines `first..=after` are behind the cursor.
         let behind = after.checked_sub(first).map_or(0, |d| d.saturating_add(1));
         let skip = usize::try_from(behind).unwrap_or(usize::MAX);

@@ -128,7 +128,8 @@ pub(super) fn commit(
     let events = crate::numbering::number_events(run_id, last, ts, commit.events)?;
     let seq = events.last().map_or(last, |e| e.seq);
     if let (Some(first), Some(newest)) = (events.first(), events.last()) {
-        // One row per commit (schema v9): the events one per line.
+        // One row per commit (schema v9): the events one per line,
+        // compressed when that shrinks them (`event_rows`).
         let mut body = String::with_capacity(events.len() * 256);
         for event in &events {
             if !body.is_empty() {
@@ -144,7 +145,7 @@ pub(super) fn commit(
             run_id,
             to_i64(first.seq, "seq")?,
             to_i64(newest.seq, "seq")?,
-            body,
+            super::event_rows::encode(body),
             ts_text,
         ])
         .map_err(db("inserting events"))?;
