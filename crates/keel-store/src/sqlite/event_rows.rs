@@ -12,6 +12,8 @@
 //! each value's own type, so a text body and a compressed blob tell
 //! themselves apart.
 
+use std::borrow::Cow;
+
 use rusqlite::types::{Value, ValueRef};
 
 use keel_protocol::StoreError;
@@ -36,30 +38,32 @@ pub(super) fn encode(text: String) -> Value {
 }
 
 /// The events text of a stored body, text or compressed.
-pub(super) fn decode(body: ValueRef<'_>) -> Result<std::borrow::Cow<'_, str>, StoreError> {
+pub(super) fn decode(body: ValueRef<'_>) -> Result<Cow<'_, str>, StoreError> {
     match body {
         ValueRef::Text(bytes) => std::str::from_utf8(bytes)
-            .map(std::borrow::Cow::Borrowed)
+            .map(Cow::Borrowed)
             .map_err(|e| damaged(format!("its text is not UTF-8: {e}"))),
-        ValueRef::Blob(packed) => {
-            let (len, _) = lz4_flex::block::uncompressed_size(packed)
-                .map_err(|e| damaged(format!("its compressed form is unreadable: {e}")))?;
-            if len > MAX_TEXT {
-                return Err(damaged(format!(
-                    "it claims {len} bytes of text, more than the {MAX_TEXT} a row may hold"
-                )));
-            }
-            let bytes = lz4_flex::block::decompress_size_prepended(packed)
-                .map_err(|e| damaged(format!("its compressed form is unreadable: {e}")))?;
-            String::from_utf8(bytes)
-                .map(std::borrow::Cow::Owned)
-                .map_err(|e| damaged(format!("its text is not UTF-8: {e}")))
-        }
+        ValueRef::Blob(packed) => String::from_utf8(unpack(packed)?)
+            .map(Cow::Owned)
+            .map_err(|e| damaged(format!("its text is not UTF-8: {e}"))),
         other => Err(damaged(format!(
             "its body is {:?}, neither text nor a compressed blob",
             other.data_type()
         ))),
     }
+}
+
+/// The bytes of a compressed body: its size prefix read and bounded first,
+/// then the block expanded to that size.
+fn unpack(packed: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let unreadable = |e| damaged(format!("its compressed form is unreadable: {e}"));
+    let (len, block) = lz4_flex::block::uncompressed_size(packed).map_err(unreadable)?;
+    if len > MAX_TEXT {
+        return Err(damaged(format!(
+            "it claims {len} bytes of text, more than the {MAX_TEXT} a row may hold"
+        )));
+    }
+    lz4_flex::block::decompress(block, len).map_err(unreadable)
 }
 
 fn damaged(why: String) -> StoreError {
