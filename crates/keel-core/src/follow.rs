@@ -14,10 +14,55 @@ const PAGE: u32 = 500;
 /// Events of `run_id` after `after`, in order; the channel closes after the
 /// terminal event, or when the receiver is dropped.
 pub fn follow(runtime: Runtime, run_id: String, after: u64) -> mpsc::Receiver<Arc<Event>> {
+    let live = runtime.subscribe(&run_id);
+    spawn_pump(runtime, run_id, after, live, Backlog::Read)
+}
+
+/// How [`crate::Runtime::start_run_followed`] left the run it returned.
+pub struct Started(Option<broadcast::Receiver<Arc<Event>>>);
+
+impl Started {
+    /// `live`: the run's events, subscribed to before its actor started.
+    pub(crate) fn new(live: Option<broadcast::Receiver<Arc<Event>>>) -> Self {
+        Self(live)
+    }
+}
+
+/// Every event of a run that [`crate::Runtime::start_run_followed`]
+/// returned, as [`follow`] from its start gives them. When that call
+/// started the run's actor, the subscription came first, so no event is
+/// stored that it missed: the stream begins with the live events and
+/// reads the store only for a gap, saving a read per run. A run an
+/// idempotency key found, or one another node runs, is read from the
+/// store first, as `follow` does.
+pub fn follow_started(
+    runtime: Runtime,
+    run_id: String,
+    started: Started,
+) -> mpsc::Receiver<Arc<Event>> {
+    match started.0 {
+        Some(live) => spawn_pump(runtime, run_id, 0, live, Backlog::None),
+        None => follow(runtime, run_id, 0),
+    }
+}
+
+/// Whether stored events may precede the subscription.
+#[derive(Clone, Copy)]
+enum Backlog {
+    Read,
+    None,
+}
+
+fn spawn_pump(
+    runtime: Runtime,
+    run_id: String,
+    after: u64,
+    mut live: broadcast::Receiver<Arc<Event>>,
+    backlog: Backlog,
+) -> mpsc::Receiver<Arc<Event>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        let mut live = runtime.subscribe(&run_id);
-        if let Err(e) = pump(&runtime, &run_id, after, &mut live, &tx).await {
+        if let Err(e) = pump(&runtime, &run_id, after, &mut live, backlog, &tx).await {
             tracing::debug!(run = %run_id, reason = %e, "event follower stopped");
         }
         drop(live);
@@ -39,9 +84,10 @@ async fn pump(
     run_id: &str,
     mut last: u64,
     live: &mut broadcast::Receiver<Arc<Event>>,
+    backlog: Backlog,
     tx: &mpsc::Sender<Arc<Event>>,
 ) -> Result<(), Stop> {
-    if catch_up(runtime, run_id, &mut last, tx).await? {
+    if matches!(backlog, Backlog::Read) && catch_up(runtime, run_id, &mut last, tx).await? {
         return Ok(());
     }
     loop {

@@ -294,8 +294,31 @@ impl Runtime {
     pub async fn start_run(
         &self,
         principal: &Principal,
-        mut req: StartRun,
+        req: StartRun,
     ) -> Result<RunRecord, CoreError> {
+        Ok(self.start(principal, req, false).await?.0)
+    }
+
+    /// [`Runtime::start_run`], followed from its first event: the stream
+    /// of the run this call started, or of the run an idempotency key
+    /// found (`crate::follow::follow_started`).
+    pub async fn start_run_followed(
+        &self,
+        principal: &Principal,
+        req: StartRun,
+    ) -> Result<(RunRecord, crate::follow::Started), CoreError> {
+        let (record, live) = self.start(principal, req, true).await?;
+        Ok((record, crate::follow::Started::new(live)))
+    }
+
+    /// Starts a run; with `follow`, the run's live events when this call
+    /// started its actor, subscribed to before the actor could publish any.
+    async fn start(
+        &self,
+        principal: &Principal,
+        mut req: StartRun,
+        follow: bool,
+    ) -> Result<(RunRecord, Option<broadcast::Receiver<Arc<Event>>>), CoreError> {
         if req.input.trim().is_empty() {
             return Err(CoreError::BadRequest("input: must not be empty".into()));
         }
@@ -383,6 +406,7 @@ impl Runtime {
                 return Err(e.into());
             }
         };
+        let mut live = None;
         if created {
             let mut first = record.clone();
             // Persisted with the run's first commit (run_started).
@@ -393,10 +417,11 @@ impl Runtime {
             };
             first.state = state.to_value();
             if self.shared.coord.acquire(&record.id).await? {
+                live = follow.then(|| self.subscribe(&record.id));
                 self.spawn(first, agent);
             }
         }
-        Ok(record)
+        Ok((record, live))
     }
 
     pub async fn get_run(&self, tenant: &str, id: &str) -> Result<RunRecord, CoreError> {

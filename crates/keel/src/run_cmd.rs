@@ -25,9 +25,9 @@ pub async fn run(
         id: "cli".into(),
         roles: Vec::new(),
     };
-    let run = app
+    let (run, started) = app
         .runtime
-        .start_run(
+        .start_run_followed(
             &principal,
             StartRun {
                 input: question,
@@ -37,7 +37,8 @@ pub async fn run(
             },
         )
         .await?;
-    let mut events = keel_core::follow::follow(app.runtime.clone(), run.id.clone(), 0);
+    let mut events =
+        keel_core::follow::follow_started(app.runtime.clone(), run.id.clone(), started);
     let mut timeline = Timeline::new(json);
     let mut code = ExitCode::FAILURE;
     while let Some(event) = events.recv().await {

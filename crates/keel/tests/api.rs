@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{Env, KEY_ACME, KEY_GLOBEX, Keel};
 use keel_test_support::fake_openai::{FakeOpenAi, Reply, Script};
 use keel_test_support::tool_server::ToolServer;
@@ -221,6 +223,48 @@ async fn idempotency_key_returns_the_same_run() {
     keel.wait_status(a["id"].as_str().unwrap(), "completed", None)
         .await;
     assert_eq!(model.request_count(), 1);
+}
+
+/// A streamed run shows every event from the first, whether this request
+/// started it (the stream begins live) or an idempotency key found it
+/// after it ended (the stream is read from the store).
+#[tokio::test]
+async fn a_streamed_run_and_its_idempotent_repeat_stream_the_same_events() {
+    let model = FakeOpenAi::start(Script::queue(vec![
+        Reply::tool_call("furnace_status", json!({"furnace_id": "F1"})),
+        Reply::text("F1 is running."),
+    ]))
+    .await;
+    let tools = ToolServer::start().await;
+    let keel = Keel::start(&Env::new(&model.base_url(), &tools.base_url())).await;
+    let stream = || async {
+        let resp = reqwest::Client::new()
+            .post(keel.url("/ai/runs"))
+            .header("Accept", "text/event-stream")
+            .json(&json!({"input": "How is F1?", "idempotency_key": "req-stream"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        keel_test_support::sse::read_frames(resp, Duration::from_secs(30), |_| false).await
+    };
+    let first = stream().await;
+    common::assert_gap_free(&first, 1);
+    let types = keel_test_support::sse::types(&first);
+    assert_eq!(types.first().map(String::as_str), Some("run_started"));
+    assert_eq!(types.last().map(String::as_str), Some("run_completed"));
+    assert!(types.iter().any(|t| t == "tool_result"), "{types:?}");
+
+    let again = stream().await;
+    common::assert_gap_free(&again, 1);
+    let seen = |frames: &[keel_test_support::sse::Frame]| {
+        frames
+            .iter()
+            .map(|f| (f.id, f.event.clone(), f.data.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(seen(&again), seen(&first));
+    assert_eq!(model.request_count(), 2, "the repeat ran nothing");
 }
 
 #[tokio::test]

@@ -135,14 +135,19 @@ pub async fn create(
         metadata: body.metadata.map(Value::Object).unwrap_or(Value::Null),
         client_tools: Vec::new(),
     };
+    if wants_stream(&headers, &q) {
+        let (run, started) = s
+            .runtime
+            .start_run_followed(&p, req)
+            .await
+            .map_err(|e| from_core(e, "agent"))?;
+        return Ok(sse::started(s.runtime.clone(), run.id, started));
+    }
     let run = s
         .runtime
         .start_run(&p, req)
         .await
         .map_err(|e| from_core(e, "agent"))?;
-    if wants_stream(&headers, &q) {
-        return Ok(sse::stream(s.runtime.clone(), run.id, 0).into_response());
-    }
     Ok((StatusCode::CREATED, Json(run)).into_response())
 }
 
