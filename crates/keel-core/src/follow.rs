@@ -18,29 +18,18 @@ pub fn follow(runtime: Runtime, run_id: String, after: u64) -> mpsc::Receiver<Ar
     spawn_pump(runtime, run_id, after, live, Backlog::Read)
 }
 
-/// How [`crate::Runtime::start_run_followed`] left the run it returned.
-pub struct Started(Option<broadcast::Receiver<Arc<Event>>>);
-
-impl Started {
-    /// `live`: the run's events, subscribed to before its actor started.
-    pub(crate) fn new(live: Option<broadcast::Receiver<Arc<Event>>>) -> Self {
-        Self(live)
-    }
-}
-
-/// Every event of a run that [`crate::Runtime::start_run_followed`]
-/// returned, as [`follow`] from its start gives them. When that call
-/// started the run's actor, the subscription came first, so no event is
-/// stored that it missed: the stream begins with the live events and
-/// reads the store only for a gap, saving a read per run. A run an
-/// idempotency key found, or one another node runs, is read from the
-/// store first, as `follow` does.
-pub fn follow_started(
+/// Every event of a run from its first, given `live`, the run's events
+/// subscribed to before its actor was spawned: no event can be stored that
+/// the subscription missed, so the stream begins with the live events and
+/// reads the store only for a gap, saving a read per run. Without such a
+/// subscription (a run an idempotency key found, or one another node
+/// runs), the store is read first, as [`follow`] does.
+pub(crate) fn follow_started(
     runtime: Runtime,
     run_id: String,
-    started: Started,
+    live: Option<broadcast::Receiver<Arc<Event>>>,
 ) -> mpsc::Receiver<Arc<Event>> {
-    match started.0 {
+    match live {
         Some(live) => spawn_pump(runtime, run_id, 0, live, Backlog::None),
         None => follow(runtime, run_id, 0),
     }

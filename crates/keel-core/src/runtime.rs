@@ -299,16 +299,17 @@ impl Runtime {
         Ok(self.start(principal, req, false).await?.0)
     }
 
-    /// [`Runtime::start_run`], followed from its first event: the stream
-    /// of the run this call started, or of the run an idempotency key
-    /// found (`crate::follow::follow_started`).
+    /// [`Runtime::start_run`], with the run's events from its first, as
+    /// [`crate::follow::follow`] gives them: of the run this call started,
+    /// or of the run an idempotency key found.
     pub async fn start_run_followed(
         &self,
         principal: &Principal,
         req: StartRun,
-    ) -> Result<(RunRecord, crate::follow::Started), CoreError> {
+    ) -> Result<(RunRecord, mpsc::Receiver<Arc<Event>>), CoreError> {
         let (record, live) = self.start(principal, req, true).await?;
-        Ok((record, crate::follow::Started::new(live)))
+        let events = crate::follow::follow_started(self.clone(), record.id.clone(), live);
+        Ok((record, events))
     }
 
     /// Starts a run; with `follow`, the run's live events when this call

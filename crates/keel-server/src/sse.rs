@@ -14,7 +14,6 @@ use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use keel_core::Runtime;
-use keel_core::follow::Started;
 use keel_protocol::Event;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
@@ -29,12 +28,9 @@ pub fn stream(runtime: Runtime, run_id: String, after: u64) -> Response {
     frames(keel_core::follow::follow(runtime, run_id, after))
 }
 
-/// The stream of a run this request started (`Runtime::start_run_followed`).
-pub fn started(runtime: Runtime, run_id: String, started: Started) -> Response {
-    frames(keel_core::follow::follow_started(runtime, run_id, started))
-}
-
-fn frames(events: mpsc::Receiver<Arc<Event>>) -> Response {
+/// The stream of a run's events already followed
+/// (`Runtime::start_run_followed`).
+pub fn frames(events: mpsc::Receiver<Arc<Event>>) -> Response {
     let mut heartbeat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
     heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let frames = futures::stream::unfold((events, heartbeat), next_frame);

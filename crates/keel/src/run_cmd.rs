@@ -25,7 +25,7 @@ pub async fn run(
         id: "cli".into(),
         roles: Vec::new(),
     };
-    let (run, started) = app
+    let (run, mut events) = app
         .runtime
         .start_run_followed(
             &principal,
@@ -37,8 +37,6 @@ pub async fn run(
             },
         )
         .await?;
-    let mut events =
-        keel_core::follow::follow_started(app.runtime.clone(), run.id.clone(), started);
     let mut timeline = Timeline::new(json);
     let mut code = ExitCode::FAILURE;
     while let Some(event) = events.recv().await {

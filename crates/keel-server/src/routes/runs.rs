@@ -136,12 +136,12 @@ pub async fn create(
         client_tools: Vec::new(),
     };
     if wants_stream(&headers, &q) {
-        let (run, started) = s
+        let (_, events) = s
             .runtime
             .start_run_followed(&p, req)
             .await
             .map_err(|e| from_core(e, "agent"))?;
-        return Ok(sse::started(s.runtime.clone(), run.id, started));
+        return Ok(sse::frames(events));
     }
     let run = s
         .runtime
