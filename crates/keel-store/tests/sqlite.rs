@@ -780,6 +780,64 @@ async fn the_wal_starts_over_under_a_steady_stream_of_commits() {
     assert_eq!(store.history(&run.id).await.unwrap().len(), 4_000);
 }
 
+/// A store opens with its WAL written ahead, to the length at which the
+/// checkpoint makes it start over, so that its first commits write over
+/// blocks the file has. Files copied while the store runs are what a
+/// process killed at that moment leaves on disk: committed frames in the
+/// WAL, not yet in the database. Opening the copy must fold those frames
+/// in before anything is written over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_is_written_ahead_without_losing_a_killed_process_commits() {
+    let (dir, path, store, tenant, run) = store_with_a_run().await;
+    let wal = dir.path().join("keel.db-wal");
+    let ahead = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        ahead >= 4_096 * (24 + 2_048),
+        "the WAL holds {ahead} bytes after opening"
+    );
+    for i in 0..50u32 {
+        store
+            .commit(
+                &run.id,
+                Commit {
+                    events: vec![EventKind::MessageDelta {
+                        text: format!("turn {i}"),
+                    }],
+                    messages: vec![Message::user(format!("turn {i}"))],
+                    ..Commit::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    // Every commit so far sits in the WAL (the checkpoint thread may have
+    // copied some of it), and the file did not grow past what was written ahead.
+    assert_eq!(std::fs::metadata(&wal).unwrap().len(), ahead);
+
+    let history = store.history(&run.id).await.unwrap();
+    let before = store.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert!(history.ends_with(&[Message::user("turn 49")]));
+
+    let copy = tempfile::tempdir().unwrap();
+    let copied = copy.path().join("keel.db");
+    std::fs::copy(&path, &copied).unwrap();
+    std::fs::copy(&wal, copy.path().join("keel.db-wal")).unwrap();
+    drop(store);
+
+    let reopened = SqliteStore::open(&copied).unwrap();
+    assert_eq!(reopened.history(&run.id).await.unwrap(), history);
+    let after = reopened.get_run(&tenant, &run.id).await.unwrap().unwrap();
+    assert_eq!(after.last_seq, before.last_seq);
+    let events = reopened.events_after(&run.id, 0, 1_000).await.unwrap();
+    assert_eq!(events.len() as u64, before.last_seq);
+    assert!(
+        std::fs::metadata(copy.path().join("keel.db-wal"))
+            .unwrap()
+            .len()
+            >= ahead
+    );
+}
+
 /// While another connection (a checkpoint, another process) holds the
 /// database's write lock, a commit waits for it off the caller's thread:
 /// on a single-threaded runtime, other tasks still run meanwhile.

@@ -39,7 +39,7 @@ const IDLE_INTERVAL: Duration = Duration::from_secs(1);
 /// WAL frames (a page and a small header each) past which a checkpoint
 /// makes the WAL start over: about 8 MiB with keel's 2 KiB pages (16 MiB in
 /// a file made with SQLite's default 4 KiB), the WAL file's size under load.
-const RESTART_FRAMES: i64 = 4096;
+pub(super) const RESTART_FRAMES: i64 = 4096;
 
 /// How long a RESTART checkpoint waits for the writer's transaction and
 /// then for readers to finish. It holds new commits off while it waits for

@@ -9,6 +9,7 @@ mod migrate;
 mod pool;
 mod quota;
 mod reads;
+mod wal_prefill;
 mod writer;
 mod writes;
 
@@ -67,6 +68,7 @@ impl SqliteStore {
         // The checks were 9 of the 21 index seeks of a tool turn's commit.
         conn.pragma_update(None, "foreign_keys", "OFF")
             .map_err(db("disabling foreign key checks after migrating"))?;
+        wal_prefill::prefill(&conn, path);
         // Readers open after the writer has switched the file to WAL and
         // created the schema, which a read-only connection could not do.
         let readers = ReadPool::open(path.to_path_buf(), READERS)?;
