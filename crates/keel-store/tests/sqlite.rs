@@ -739,6 +739,21 @@ async fn open_with_a_run(
     (store, tenant, run)
 }
 
+/// The commit of turn `i`: a delta and a message, and the run's state when given.
+fn turn(i: u32, state: Option<String>) -> Commit {
+    Commit {
+        events: vec![EventKind::MessageDelta {
+            text: format!("turn {i}"),
+        }],
+        messages: vec![Message::user(format!("turn {i}"))],
+        patch: state.map(|state| RunPatch {
+            state: Some(state),
+            ..RunPatch::default()
+        }),
+        ..Commit::default()
+    }
+}
+
 /// A steady stream of commits, each rewriting a run's 6 KB state as a tool
 /// turn does, writes about 25 times the WAL's restart size in all; with
 /// checkpoints that only ever copy, the WAL grew by all of it.
@@ -749,23 +764,7 @@ async fn the_wal_starts_over_under_a_steady_stream_of_commits() {
     let mut largest = 0;
     for i in 0..4_000u32 {
         let state = serde_json::json!({ "turn": i, "pad": "x".repeat(6_000) }).to_string();
-        store
-            .commit(
-                &run.id,
-                Commit {
-                    events: vec![EventKind::MessageDelta {
-                        text: format!("turn {i}"),
-                    }],
-                    messages: vec![Message::user(format!("turn {i}"))],
-                    patch: Some(RunPatch {
-                        state: Some(state),
-                        ..RunPatch::default()
-                    }),
-                    ..Commit::default()
-                },
-            )
-            .await
-            .unwrap();
+        store.commit(&run.id, turn(i, Some(state))).await.unwrap();
         largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
     }
     // The restart size is 4,096 frames (of 2 KiB pages, 4 KiB in a file
@@ -796,19 +795,7 @@ async fn the_wal_is_written_ahead_without_losing_a_killed_process_commits() {
         "the WAL holds {ahead} bytes after opening"
     );
     for i in 0..50u32 {
-        store
-            .commit(
-                &run.id,
-                Commit {
-                    events: vec![EventKind::MessageDelta {
-                        text: format!("turn {i}"),
-                    }],
-                    messages: vec![Message::user(format!("turn {i}"))],
-                    ..Commit::default()
-                },
-            )
-            .await
-            .unwrap();
+        store.commit(&run.id, turn(i, None)).await.unwrap();
     }
     // Every commit so far sits in the WAL (the checkpoint thread may have
     // copied some of it), and the file did not grow past what was written ahead.
