@@ -17,7 +17,7 @@
 //! commit, so the zeros are never read as frames.
 
 use std::fs::OpenOptions;
-use std::io::Write;
+use std::io::Read;
 use std::path::Path;
 
 use rusqlite::Connection;
@@ -29,9 +29,6 @@ const FRAME_HEADER: u64 = 24;
 
 /// The WAL file's own header.
 const WAL_HEADER: u64 = 32;
-
-/// Zeros written per `write` call.
-const CHUNK: usize = 256 * 1024;
 
 /// Writes the WAL of the database `conn` has open ahead as zeros, to the
 /// length at which the checkpoint makes it start over. Only an empty WAL is
@@ -82,13 +79,9 @@ fn write_zeros(db_path: &Path, want: u64) -> Result<(), String> {
     if len != 0 {
         return Err(format!("the WAL holds {len} bytes after a full checkpoint"));
     }
-    let zeros = vec![0u8; CHUNK];
-    let mut left = want;
-    while left > 0 {
-        let n = usize::try_from(left).map_or(CHUNK, |l| l.min(CHUNK));
-        file.write_all(&zeros[..n])
-            .map_err(|e| format!("writing the WAL: {e}"))?;
-        left -= n as u64;
-    }
+    // Written, not sized with `set_len`: a hole would leave the blocks
+    // unallocated, which is what this is here to avoid.
+    std::io::copy(&mut std::io::repeat(0).take(want), &mut file)
+        .map_err(|e| format!("writing the WAL: {e}"))?;
     Ok(())
 }
