@@ -610,6 +610,177 @@ async fn a_turns_events_are_stored_compressed_beside_rows_stored_as_text() {
     );
 }
 
+/// A tool turn's messages share one row, compressed, beside rows an earlier
+/// version wrote one message each; every read gives them back one by one,
+/// in order, with the run that wrote them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commits_messages_share_one_row_beside_rows_of_one_message() {
+    let (_dir, path, store, tenant, run) = store_with_a_run().await;
+    let call = keel_protocol::ToolCall {
+        id: "call_1".into(),
+        name: "lookup".into(),
+        arguments: r#"{"key":"k1"}"#.into(),
+    };
+    let output = format!(r#"{{"key":"k1","value":"{}"}}"#, "x".repeat(400));
+    let tool_turn = |n: u32| Commit {
+        messages: vec![
+            Message::Assistant {
+                content: format!("turn {n}\nlooking it up"),
+                tool_calls: vec![call.clone()],
+            },
+            Message::Tool {
+                call_id: "call_1".into(),
+                name: "lookup".into(),
+                content: output.clone(),
+                is_error: false,
+            },
+        ],
+        ..Commit::default()
+    };
+    store.commit(&run.id, tool_turn(1)).await.unwrap();
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let (rows, kind): (i64, String) = conn
+        .query_row(
+            "SELECT count(*), max(typeof(body)) FROM messages WHERE run_id = ?1",
+            [&run.id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((rows, kind.as_str()), (1, "blob"));
+    // A message as an earlier version stored it: a row of its own, as text.
+    conn.execute(
+        "INSERT INTO messages (tenant, session, run_id, body) VALUES (?1, 's', ?2, ?3)",
+        rusqlite::params![
+            tenant,
+            run.id,
+            serde_json::to_string(&Message::user("in between")).unwrap()
+        ],
+    )
+    .unwrap();
+    drop(conn);
+    store.commit(&run.id, tool_turn(2)).await.unwrap();
+
+    let mut want = tool_turn(1).messages;
+    want.push(Message::user("in between"));
+    want.extend(tool_turn(2).messages);
+    let text = |messages: &[Message]| {
+        messages
+            .iter()
+            .map(|m| serde_json::to_string(m).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(text(&store.history(&run.id).await.unwrap()), text(&want));
+    let listed = store.session_messages(&tenant, "s").await.unwrap().unwrap();
+    assert!(listed.iter().all(|(id, _)| *id == run.id));
+    let listed: Vec<Message> = listed.into_iter().map(|(_, m)| m).collect();
+    assert_eq!(text(&listed), text(&want));
+
+    // A run's end lets the session be archived, with every message.
+    store
+        .commit(
+            &run.id,
+            Commit {
+                patch: Some(RunPatch {
+                    status: Some(RunStatus::Completed),
+                    ..RunPatch::default()
+                }),
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    let (_, archived) = store.archive_session(&tenant, "s").await.unwrap();
+    let archived: Vec<Message> = archived.into_iter().map(|(_, m)| m).collect();
+    assert_eq!(text(&archived), text(&want));
+}
+
+/// Call records a version 10 database keeps in `run_calls` stay readable
+/// beside the ones later commits store in their events rows, and their
+/// places stay taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_10_database_keeps_its_call_records_and_their_places() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let conn = database_at_version(&path, 10);
+    let usage = serde_json::to_string(&keel_protocol::Usage::default()).unwrap();
+    let principal = serde_json::to_string(&store_suite::new_run("t", "s").principal).unwrap();
+    conn.execute_batch("INSERT INTO sessions VALUES ('t', 's', '2026-11-01T00:00:00Z');")
+        .unwrap();
+    conn.execute(
+        "INSERT INTO runs (id, ord, tenant, session, agent, status, input, usage, metadata, \
+           state, principal, created_at, updated_at) \
+         VALUES ('run_old', 1, 't', 's', 'default', 'running', 'hi', ?1, '{}', 'null', ?2, \
+           '2026-11-01T00:00:00Z', '2026-11-01T00:00:00Z')",
+        rusqlite::params![usage, principal],
+    )
+    .unwrap();
+    let call = |n: u64| keel_protocol::StoredCall {
+        n,
+        record: format!(r#"{{"tool":"lookup","call":"c{n}"}}"#),
+    };
+    for n in 1..=3 {
+        conn.execute(
+            "INSERT INTO run_calls (run_id, n, record) VALUES ('run_old', ?1, ?2)",
+            rusqlite::params![n as i64, call(n).record],
+        )
+        .unwrap();
+    }
+    drop(conn);
+
+    let store = SqliteStore::open(&path).unwrap();
+    let turn = |calls: Vec<keel_protocol::StoredCall>| Commit {
+        events: vec![EventKind::MessageDelta {
+            text: "turn".into(),
+        }],
+        calls,
+        ..Commit::default()
+    };
+    store
+        .commit("run_old", turn(vec![call(4), call(5)]))
+        .await
+        .unwrap();
+    let e = store
+        .commit("run_old", turn(vec![call(3)]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("place 3"), "{e}");
+    store.commit("run_old", turn(vec![call(6)])).await.unwrap();
+    assert_eq!(
+        store.call_records("run_old", 10).await.unwrap(),
+        (1..=6).map(call).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        store.call_records("run_old", 4).await.unwrap(),
+        (3..=6).map(call).collect::<Vec<_>>()
+    );
+    assert!(store.call_records("run_old", 0).await.unwrap().is_empty());
+    // The refused commit wrote nothing: two events rows, no new table rows.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let rows: Vec<(i64, Option<String>)> = conn
+        .prepare("SELECT last_seq, calls FROM events WHERE run_id = 'run_old' ORDER BY last_seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (
+                1,
+                Some(format!("4 {}\n5 {}", call(4).record, call(5).record))
+            ),
+            (2, Some(format!("6 {}", call(6).record))),
+        ]
+    );
+    let table: i64 = conn
+        .query_row("SELECT count(*) FROM run_calls", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(table, 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_9_database_keeps_its_unfinished_runs() {
     let dir = tempfile::tempdir().unwrap();
@@ -692,7 +863,7 @@ async fn a_version_9_database_keeps_its_unfinished_runs() {
 
 /// A database file at schema `version`, as a build of that version left it.
 fn database_at_version(path: &std::path::Path, version: usize) -> rusqlite::Connection {
-    const MIGRATIONS: [&str; 9] = [
+    const MIGRATIONS: [&str; 10] = [
         include_str!("../migrations/sqlite/0001_init.sql"),
         include_str!("../migrations/sqlite/0002_approvals.sql"),
         include_str!("../migrations/sqlite/0003_leases.sql"),
@@ -702,6 +873,7 @@ fn database_at_version(path: &std::path::Path, version: usize) -> rusqlite::Conn
         include_str!("../migrations/sqlite/0007_events_appended.sql"),
         include_str!("../migrations/sqlite/0008_run_calls.sql"),
         include_str!("../migrations/sqlite/0009_event_batches.sql"),
+        include_str!("../migrations/sqlite/0010_unfinished_without_in_list.sql"),
     ];
     let conn = rusqlite::Connection::open(path).unwrap();
     for sql in &MIGRATIONS[..version] {

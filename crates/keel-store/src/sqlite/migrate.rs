@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0008_run_calls.sql"),
     include_str!("../../migrations/sqlite/0009_event_batches.sql"),
     include_str!("../../migrations/sqlite/0010_unfinished_without_in_list.sql"),
+    include_str!("../../migrations/sqlite/0011_rows_per_commit.sql"),
 ];
 
 /// The schema version this build writes.

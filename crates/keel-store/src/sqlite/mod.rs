@@ -2,13 +2,14 @@
 //! read-only connections, WAL so that reads never wait for writes.
 
 mod approvals;
+mod call_rows;
 mod checkpoint;
 mod codec;
-mod event_rows;
 mod migrate;
 mod pool;
 mod quota;
 mod reads;
+mod row_text;
 mod wal_prefill;
 mod writer;
 mod writes;
@@ -155,7 +156,7 @@ impl Store for SqliteStore {
     async fn call_records(&self, run_id: &str, limit: u32) -> Result<Vec<StoredCall>, StoreError> {
         let run_id = run_id.to_owned();
         self.readers
-            .run(move |c| reads::call_records(c, &run_id, limit))
+            .run(move |c| call_rows::read(c, &run_id, limit))
             .await
     }
 

@@ -1,8 +1,9 @@
 //! The read queries, run on pooled read-only connections.
 
+use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use keel_protocol::{Event, Message, RunFilter, RunPage, RunRecord, StoreError, StoredCall};
+use keel_protocol::{Event, Message, RunFilter, RunPage, RunRecord, StoreError};
 
 use super::codec::{RUN_COLUMNS, RawRun, db, from_json, to_i64, to_u64};
 
@@ -113,7 +114,7 @@ pub(super) fn events_after(
             break;
         };
         let first = to_u64(row.get(0).map_err(db("reading event"))?, "seq")?;
-        let body = super::event_rows::decode(row.get_ref(1).map_err(db("reading event"))?)?;
+        let body = super::row_text::decode(row.get_ref(1).map_err(db("reading event"))?, "events")?;
         // Its lines `first..=after` are behind the cursor.
         let behind = after.checked_sub(first).map_or(0, |d| d.saturating_add(1));
         let skip = usize::try_from(behind).unwrap_or(usize::MAX);
@@ -125,34 +126,6 @@ pub(super) fn events_after(
         }
     }
     Ok(events)
-}
-
-/// The run's last `limit` call records, oldest first.
-pub(super) fn call_records(
-    conn: &Connection,
-    run_id: &str,
-    limit: u32,
-) -> Result<Vec<StoredCall>, StoreError> {
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT n, record FROM run_calls WHERE run_id = ?1 ORDER BY n DESC LIMIT ?2",
-        )
-        .map_err(db("preparing call records query"))?;
-    let rows = stmt
-        .query_map(params![run_id, limit], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-        })
-        .map_err(db("reading call records"))?;
-    let mut calls = Vec::new();
-    for row in rows {
-        let (n, record) = row.map_err(db("reading call record"))?;
-        calls.push(StoredCall {
-            n: to_u64(n, "call record place")?,
-            record,
-        });
-    }
-    calls.reverse();
-    Ok(calls)
 }
 
 /// Earlier runs' messages first, then the run's own, each in insertion
@@ -172,14 +145,13 @@ pub(super) fn history(conn: &Connection, run_id: &str) -> Result<Vec<Message>, S
              ORDER BY m.run_id = ?4, m.id",
         )
         .map_err(db("preparing history query"))?;
-    let rows = stmt
-        .query_map(params![tenant, session, ord, run_id], |r| {
-            r.get::<_, String>(0)
-        })
+    let mut rows = stmt
+        .query(params![tenant, session, ord, run_id])
         .map_err(db("reading history"))?;
     let mut messages = Vec::new();
-    for body in rows {
-        messages.push(from_json(&body.map_err(db("reading message"))?, "message")?);
+    while let Some(row) = rows.next().map_err(db("reading history"))? {
+        let body = row.get_ref(0).map_err(db("reading message"))?;
+        for_each_message(body, |message| messages.push(message))?;
     }
     Ok(messages)
 }
@@ -197,22 +169,41 @@ pub(super) fn session_messages(
     if !exists {
         return Ok(None);
     }
+    Ok(Some(with_their_runs(conn, tenant, session)?))
+}
+
+/// The session's messages, oldest first, each with the run that wrote it.
+pub(super) fn with_their_runs(
+    conn: &Connection,
+    tenant: &str,
+    session: &str,
+) -> Result<Vec<(String, Message)>, StoreError> {
     let mut stmt = conn
         .prepare_cached(
             "SELECT run_id, body FROM messages WHERE tenant = ?1 AND session = ?2 ORDER BY id",
         )
         .map_err(db("preparing session messages query"))?;
-    let rows = stmt
-        .query_map(params![tenant, session], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-        })
+    let mut rows = stmt
+        .query(params![tenant, session])
         .map_err(db("reading session messages"))?;
     let mut messages = Vec::new();
-    for row in rows {
-        let (run_id, body) = row.map_err(db("reading message"))?;
-        messages.push((run_id, from_json(&body, "message")?));
+    while let Some(row) = rows.next().map_err(db("reading session messages"))? {
+        let run_id: String = row.get(0).map_err(db("reading message"))?;
+        let body = row.get_ref(1).map_err(db("reading message"))?;
+        for_each_message(body, |message| messages.push((run_id.clone(), message)))?;
     }
-    Ok(Some(messages))
+    Ok(messages)
+}
+
+/// Hands over the messages of one `messages` row in the order they were
+/// written: a commit's messages share a row, one per line
+/// (`writes::commit`), and rows of earlier versions hold one each.
+fn for_each_message(body: ValueRef<'_>, mut each: impl FnMut(Message)) -> Result<(), StoreError> {
+    let text = super::row_text::decode(body, "messages")?;
+    for line in text.split('\n') {
+        each(from_json(line, "message")?);
+    }
+    Ok(())
 }
 
 pub(super) fn unfinished_runs(conn: &Connection) -> Result<Vec<RunRecord>, StoreError> {

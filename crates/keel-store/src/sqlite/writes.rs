@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use keel_protocol::{Commit, Event, Message, NewRun, RunRecord, RunStatus, StoreError, Usage};
 
-use super::codec::{RUN_COLUMNS, RawRun, db, from_json, to_i64, to_json, to_u64, ts_to_sql};
+use super::codec::{RUN_COLUMNS, RawRun, db, to_i64, to_json, to_u64, ts_to_sql};
 
 pub(super) fn create_run(conn: &Connection, run: NewRun) -> Result<(RunRecord, bool), StoreError> {
     let tenant = run.principal.tenant.clone();
@@ -86,7 +86,7 @@ pub(super) fn create_run(conn: &Connection, run: NewRun) -> Result<(RunRecord, b
 /// SQLite rewrites a row's entries in every index on a column that an
 /// UPDATE assigns, even to the value it had, and `status` is in two
 /// indexes: naming it only when it changes spares two index pages of the
-/// WAL at most commits (of about eleven). Both forms take the same eleven
+/// WAL at most commits (of about eleven). Both forms take the same twelve
 /// parameters; the one without status leaves `?2` unused.
 macro_rules! update_run {
     ($status:literal) => {
@@ -100,7 +100,8 @@ macro_rules! update_run {
              error = COALESCE(?8, error), \
              state = COALESCE(?9, state), \
              last_seq = ?10, \
-             updated_at = ?11 \
+             updated_at = ?11, \
+             last_call = COALESCE(?12, last_call) \
              WHERE id = ?1"
         )
     };
@@ -114,13 +115,18 @@ pub(super) fn commit(
     run_id: &str,
     commit: Commit,
 ) -> Result<Vec<Event>, StoreError> {
-    let (tenant, session, last_seq): (String, String, i64) = conn
-        .prepare_cached("SELECT tenant, session, last_seq FROM runs WHERE id = ?1")
+    let (tenant, session, last_seq, last_call): (String, String, i64, i64) = conn
+        .prepare_cached("SELECT tenant, session, last_seq, last_call FROM runs WHERE id = ?1")
         .map_err(db("preparing run lookup"))?
-        .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .query_row([run_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
         .optional()
         .map_err(db("looking up run"))?
         .ok_or(StoreError::NotFound)?;
+    let last_call = super::call_rows::last_place(last_call, &commit.calls)?;
+    // The records ride in the events row when there is one (schema v11).
+    let mut calls_column = None;
 
     let ts = keel_protocol::now();
     let ts_text = ts_to_sql(&ts);
@@ -129,7 +135,7 @@ pub(super) fn commit(
     let seq = events.last().map_or(last, |e| e.seq);
     if let (Some(first), Some(newest)) = (events.first(), events.last()) {
         // One row per commit (schema v9): the events one per line,
-        // compressed when that shrinks them (`event_rows`).
+        // compressed when that shrinks them (`row_text`).
         let mut body = String::with_capacity(events.len() * 256);
         for event in &events {
             if !body.is_empty() {
@@ -137,55 +143,46 @@ pub(super) fn commit(
             }
             body.push_str(event.json().map_err(crate::numbering::event_encoding)?);
         }
+        calls_column = super::call_rows::column(&commit.calls);
         conn.prepare_cached(
-            "INSERT INTO events (run_id, seq, last_seq, body, ts) VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO events (run_id, seq, last_seq, body, ts, calls) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
         .map_err(db("preparing event insert"))?
         .execute(params![
             run_id,
             to_i64(first.seq, "seq")?,
             to_i64(newest.seq, "seq")?,
-            super::event_rows::encode(body),
+            super::row_text::encode(body),
             ts_text,
+            calls_column,
         ])
         .map_err(db("inserting events"))?;
     }
 
     if !commit.messages.is_empty() {
-        let mut insert = conn
-            .prepare_cached(
-                "INSERT INTO messages (tenant, session, run_id, body) VALUES (?1, ?2, ?3, ?4)",
-            )
-            .map_err(db("preparing message insert"))?;
-        for message in &commit.messages {
-            insert
-                .execute(params![
-                    tenant,
-                    session,
-                    run_id,
-                    to_json(message, "message")?
-                ])
-                .map_err(db("inserting message"))?;
-        }
+        // One row per commit too: its messages one per line, compressed
+        // when that shrinks them (`row_text`). A tool turn's two messages
+        // then take one entry of `messages_by_session` and one row, not two.
+        conn.prepare_cached(
+            "INSERT INTO messages (tenant, session, run_id, body) VALUES (?1, ?2, ?3, ?4)",
+        )
+        .map_err(db("preparing message insert"))?
+        .execute(params![
+            tenant,
+            session,
+            run_id,
+            super::row_text::encode(message_lines(&commit.messages)?),
+        ])
+        .map_err(db("inserting messages"))?;
     }
 
     for approval in &commit.approvals {
         super::approvals::insert(conn, approval)?;
     }
 
-    if !commit.calls.is_empty() {
-        let mut insert = conn
-            .prepare_cached("INSERT INTO run_calls (run_id, n, record) VALUES (?1, ?2, ?3)")
-            .map_err(db("preparing call record insert"))?;
-        for call in &commit.calls {
-            insert
-                .execute(params![
-                    run_id,
-                    to_i64(call.n, "call record place")?,
-                    call.record
-                ])
-                .map_err(db("inserting call record"))?;
-        }
+    if calls_column.is_none() && !commit.calls.is_empty() {
+        super::call_rows::insert_rows(conn, run_id, &commit.calls)?;
     }
 
     let patch = commit.patch.unwrap_or_default();
@@ -215,12 +212,25 @@ pub(super) fn commit(
             patch.state,
             to_i64(seq, "last_seq")?,
             ts_text,
+            last_call,
         ])
         .map_err(db("updating run"))?;
     if patch_ends_run {
         super::quota::release_slot(conn, run_id)?;
     }
     Ok(events)
+}
+
+/// `messages` as compact JSON, one per line.
+fn message_lines(messages: &[Message]) -> Result<String, StoreError> {
+    let mut text = String::with_capacity(messages.len() * 384);
+    for message in messages {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&to_json(message, "message")?);
+    }
+    Ok(text)
 }
 
 /// Moves the session's messages to `<session>~<timestamp>` (a session of its
@@ -253,23 +263,7 @@ pub(super) fn archive_session(
     }
     let now = keel_protocol::now();
     let archived = format!("{session}~{}", now.format("%Y%m%dT%H%M%S%.6fZ"));
-    let mut messages: Vec<(String, Message)> = Vec::new();
-    {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT run_id, body FROM messages WHERE tenant = ?1 AND session = ?2 ORDER BY id",
-            )
-            .map_err(db("preparing session messages query"))?;
-        let rows = stmt
-            .query_map(params![tenant, session], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-            })
-            .map_err(db("reading session messages"))?;
-        for row in rows {
-            let (run_id, body) = row.map_err(db("reading message"))?;
-            messages.push((run_id, from_json(&body, "message")?));
-        }
-    }
+    let messages = super::reads::with_their_runs(conn, tenant, session)?;
     conn.prepare_cached("INSERT INTO sessions (tenant, key, created_at) VALUES (?1, ?2, ?3)")
         .map_err(db("preparing archived session insert"))?
         .execute(params![tenant, archived, ts_to_sql(&now)])

@@ -1,16 +1,18 @@
-//! The `body` of an `events` row: one commit's events, one JSON object per
-//! line, stored LZ4-compressed when that makes it smaller.
+//! The `body` of an `events` or a `messages` row: one commit's events, or
+//! one commit's messages, one JSON object per line, stored LZ4-compressed
+//! when that makes it smaller.
 //!
-//! A tool turn's events come to about 1.5 KB of text, more than half of a
-//! 2 KiB page, so every commit took a page of its own for them: a new leaf,
-//! a new entry in the table's interior page and a new page count in the
-//! header page, three pages of the commit's WAL frames, and one more page
-//! for the checkpoint to copy back. The lines repeat the run id, the time
-//! and the field names, so LZ4 makes them less than half as long and two or
-//! three commits share a leaf. Rows written as text (before this, or when
-//! compressing would not shrink them) are read as they are: SQLite keeps
-//! each value's own type, so a text body and a compressed blob tell
-//! themselves apart.
+//! A tool turn's events come to about 1.5 KB of text and its messages to
+//! about 600 bytes; with 2 KiB pages, a row per commit of either took much
+//! of a page of its own: a new leaf, a new entry in the table's interior
+//! page and a new page count in the header page, pages of the commit's WAL
+//! frames, and more pages for the checkpoint to copy back. The lines repeat
+//! ids, times and field names, so LZ4 makes them about half as long and
+//! several commits share a leaf. Rows written as text (by earlier
+//! versions, or when compressing would not shrink them) are read as they
+//! are: SQLite keeps each value's own type, so a text body and a compressed
+//! blob tell themselves apart. Compact JSON has no line break of its own (a
+//! string's is escaped), so a line is always one whole object.
 
 use std::borrow::Cow;
 
@@ -26,7 +28,7 @@ const COMPRESS_FROM: usize = 512;
 /// is refused before anything is allocated for it.
 const MAX_TEXT: usize = 256 * 1024 * 1024;
 
-/// The value to store for a commit's events text.
+/// The value to store for a commit's events or messages text.
 pub(super) fn encode(text: String) -> Value {
     if text.len() >= COMPRESS_FROM {
         let packed = lz4_flex::block::compress_prepend_size(text.as_bytes());
@@ -37,37 +39,42 @@ pub(super) fn encode(text: String) -> Value {
     Value::Text(text)
 }
 
-/// The events text of a stored body, text or compressed.
-pub(super) fn decode(body: ValueRef<'_>) -> Result<Cow<'_, str>, StoreError> {
+/// The text of a stored body, text or compressed; `what` names the table
+/// in the error of a damaged row.
+pub(super) fn decode<'a>(body: ValueRef<'a>, what: &str) -> Result<Cow<'a, str>, StoreError> {
     match body {
         ValueRef::Text(bytes) => std::str::from_utf8(bytes)
             .map(Cow::Borrowed)
-            .map_err(|e| damaged(format!("its text is not UTF-8: {e}"))),
-        ValueRef::Blob(packed) => String::from_utf8(unpack(packed)?)
+            .map_err(|e| damaged(what, format!("its text is not UTF-8: {e}"))),
+        ValueRef::Blob(packed) => String::from_utf8(unpack(packed, what)?)
             .map(Cow::Owned)
-            .map_err(|e| damaged(format!("its text is not UTF-8: {e}"))),
-        other => Err(damaged(format!(
-            "its body is {:?}, neither text nor a compressed blob",
-            other.data_type()
-        ))),
+            .map_err(|e| damaged(what, format!("its text is not UTF-8: {e}"))),
+        other => Err(damaged(
+            what,
+            format!(
+                "its body is {:?}, neither text nor a compressed blob",
+                other.data_type()
+            ),
+        )),
     }
 }
 
 /// The bytes of a compressed body: its size prefix read and bounded first,
 /// then the block expanded to that size.
-fn unpack(packed: &[u8]) -> Result<Vec<u8>, StoreError> {
-    let unreadable = |e| damaged(format!("its compressed form is unreadable: {e}"));
+fn unpack(packed: &[u8], what: &str) -> Result<Vec<u8>, StoreError> {
+    let unreadable = |e| damaged(what, format!("its compressed form is unreadable: {e}"));
     let (len, block) = lz4_flex::block::uncompressed_size(packed).map_err(unreadable)?;
     if len > MAX_TEXT {
-        return Err(damaged(format!(
-            "it claims {len} bytes of text, more than the {MAX_TEXT} a row may hold"
-        )));
+        return Err(damaged(
+            what,
+            format!("it claims {len} bytes of text, more than the {MAX_TEXT} a row may hold"),
+        ));
     }
     lz4_flex::block::decompress(block, len).map_err(unreadable)
 }
 
-fn damaged(why: String) -> StoreError {
-    StoreError::Backend(format!("a stored events row is damaged: {why}"))
+fn damaged(what: &str, why: String) -> StoreError {
+    StoreError::Backend(format!("a stored {what} row is damaged: {why}"))
 }
 
 #[cfg(test)]
@@ -77,7 +84,9 @@ mod tests {
 
     fn roundtrip(text: &str) -> (Value, String) {
         let stored = encode(text.to_owned());
-        let back = decode(ValueRef::from(&stored)).unwrap().into_owned();
+        let back = decode(ValueRef::from(&stored), "events")
+            .unwrap()
+            .into_owned();
         (stored, back)
     }
 
@@ -118,14 +127,18 @@ mod tests {
     fn a_damaged_blob_is_an_error_that_says_so() {
         let mut packed = lz4_flex::block::compress_prepend_size(&[b'a'; 4096]);
         packed.truncate(packed.len() - 3);
-        let e = decode(ValueRef::Blob(&packed)).unwrap_err().to_string();
-        assert!(e.contains("damaged"), "{e}");
+        let e = decode(ValueRef::Blob(&packed), "messages")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("stored messages row is damaged"), "{e}");
         // A size header claiming 4 GiB is refused before allocating.
-        let e = decode(ValueRef::Blob(&[0xff, 0xff, 0xff, 0xff, 0]))
+        let e = decode(ValueRef::Blob(&[0xff, 0xff, 0xff, 0xff, 0]), "events")
             .unwrap_err()
             .to_string();
         assert!(e.contains("more than"), "{e}");
-        let e = decode(ValueRef::Integer(7)).unwrap_err().to_string();
+        let e = decode(ValueRef::Integer(7), "events")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("neither text"), "{e}");
     }
 }
