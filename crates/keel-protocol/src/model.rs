@@ -1,7 +1,8 @@
 //! The model port: one call in, one decision out, text deltas streamed aside.
 
 use std::any::Any;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use futures::channel::mpsc::UnboundedSender;
@@ -307,13 +308,44 @@ pub fn json_len(value: &Value) -> usize {
     }
 }
 
+/// Shared parameter schemas measured on this thread, each with its length.
+/// A schema is immutable while shared, and its entry's `Weak` keeps its
+/// allocation from being reused for another, so the pointer names it.
+type Measured = Vec<(Weak<Value>, usize)>;
+
+/// Entries kept before those of dropped schemas are let go.
+const MEASURED_KEPT: usize = 256;
+
+/// [`json_len`] of a tool's parameters, measured once per schema and thread:
+/// a run estimates its prompt at every step, and each estimate would
+/// otherwise serialize the same shared schemas again.
+fn parameters_len(parameters: &Arc<Value>) -> usize {
+    thread_local! {
+        static MEASURED: RefCell<Measured> = const { RefCell::new(Vec::new()) };
+    }
+    MEASURED.with_borrow_mut(|measured| {
+        let ptr = Arc::as_ptr(parameters);
+        if let Some((_, len)) = measured.iter().find(|(w, _)| std::ptr::eq(w.as_ptr(), ptr)) {
+            return *len;
+        }
+        if measured.len() >= MEASURED_KEPT {
+            measured.retain(|(w, _)| w.strong_count() > 0);
+        }
+        let len = json_len(parameters);
+        if measured.len() < MEASURED_KEPT {
+            measured.push((Arc::downgrade(parameters), len));
+        }
+        len
+    })
+}
+
 /// A provider-neutral token estimate from the request's characters.
 pub fn estimate_tokens(request: &ModelRequest, chars_per_token: f64) -> u64 {
     let message_chars: usize = request.messages.iter().map(|m| m.char_len()).sum();
     let tool_chars: usize = request
         .tools
         .iter()
-        .map(|t| t.name.len() + t.description.len() + json_len(&t.parameters))
+        .map(|t| t.name.len() + t.description.len() + parameters_len(&t.parameters))
         .sum();
     let framing = 4 * (request.messages.len() + request.tools.len()) as u64;
     let per = if chars_per_token.is_finite() && chars_per_token >= 1.0 {
@@ -326,8 +358,38 @@ pub fn estimate_tokens(request: &ModelRequest, chars_per_token: f64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::json_len;
+    use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_estimate_measures_each_schema_as_it_is_now() {
+        let tool = |parameters: Value| ToolSchema {
+            name: "lookup".into(),
+            description: String::new(),
+            parameters: Arc::new(parameters),
+        };
+        let request = |tools: Vec<ToolSchema>| ModelRequest {
+            tools,
+            ..ModelRequest::default()
+        };
+        let small = tool(json!({"type": "object"}));
+        let first = estimate_tokens(&request(vec![small.clone()]), 1.0);
+        // The same shared schema twice: measured once, counted twice.
+        let twice = estimate_tokens(&request(vec![small.clone(), small.clone()]), 1.0);
+        assert_eq!(twice, 2 * first);
+        // Schemas made and dropped one after another, each of another size,
+        // may reuse an address: each is measured as itself.
+        for n in 0..300 {
+            let schema = json!({"type": "object", "description": "x".repeat(n)});
+            // "lookup", the schema's text and four tokens of framing.
+            let want = (6 + json_len(&schema) + 4) as u64;
+            assert_eq!(
+                estimate_tokens(&request(vec![tool(schema)]), 1.0),
+                want,
+                "{n}"
+            );
+        }
+    }
 
     #[test]
     fn json_len_is_the_length_of_the_compact_text() {
