@@ -678,16 +678,7 @@ async fn a_commits_messages_share_one_row_beside_rows_of_one_message() {
 
     // A run's end lets the session be archived, with every message.
     store
-        .commit(
-            &run.id,
-            Commit {
-                patch: Some(RunPatch {
-                    status: Some(RunStatus::Completed),
-                    ..RunPatch::default()
-                }),
-                ..Commit::default()
-            },
-        )
+        .commit(&run.id, status_change(RunStatus::Completed))
         .await
         .unwrap();
     let (_, archived) = store.archive_session(&tenant, "s").await.unwrap();
@@ -828,16 +819,7 @@ async fn a_version_9_database_keeps_its_unfinished_runs() {
 
     // A run that ends leaves the index; one that starts enters it.
     store
-        .commit(
-            "run_3",
-            Commit {
-                patch: Some(RunPatch {
-                    status: Some(RunStatus::Cancelled),
-                    ..RunPatch::default()
-                }),
-                ..Commit::default()
-            },
-        )
+        .commit("run_3", status_change(RunStatus::Cancelled))
         .await
         .unwrap();
     let (fresh, _) = store
@@ -909,6 +891,17 @@ async fn open_with_a_run(
         .await
         .unwrap();
     (store, tenant, run)
+}
+
+/// A commit that only moves its run to `status`.
+fn status_change(status: RunStatus) -> Commit {
+    Commit {
+        patch: Some(RunPatch {
+            status: Some(status),
+            ..RunPatch::default()
+        }),
+        ..Commit::default()
+    }
 }
 
 /// The commit of turn `i`: a delta and a message, and the run's state when given.
