@@ -409,17 +409,16 @@ impl Runtime {
         };
         let mut live = None;
         if created {
-            let mut first = record.clone();
-            // Persisted with the run's first commit (run_started).
+            // Persisted with the run's first commit (run_started). Handed
+            // to the actor as it is: the stored run holds no state yet.
             let state = crate::state::LoopState {
                 client_tools,
                 canned_answer: reset,
                 ..Default::default()
             };
-            first.state = state.to_value();
             if self.shared.coord.acquire(&record.id).await? {
                 live = follow.then(|| self.subscribe(&record.id));
-                self.spawn(first, agent);
+                self.spawn(record.clone(), agent, Some(state));
             }
         }
         Ok((record, live))
@@ -764,11 +763,18 @@ impl Runtime {
                 run.id, run.agent
             ))
         })?;
-        self.spawn(run.clone(), agent);
+        self.spawn(run.clone(), agent, None);
         Ok(())
     }
 
-    fn spawn(&self, record: RunRecord, agent: AgentRuntime) {
+    /// Starts the actor of `record`. `fresh` is the loop state of a run
+    /// created just now; any other run's state is read from its record.
+    fn spawn(
+        &self,
+        record: RunRecord,
+        agent: AgentRuntime,
+        fresh: Option<crate::state::LoopState>,
+    ) {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let cancelled_by = Arc::new(Mutex::new(None));
@@ -795,6 +801,7 @@ impl Runtime {
         let actor = RunActor::new(ActorInit {
             shared: self.shared.clone(),
             record,
+            fresh,
             agent,
             commands: rx,
             cancel,

@@ -49,10 +49,6 @@ impl LoopState {
     pub fn from_value(v: &Value) -> Self {
         serde_json::from_value(v.clone()).unwrap_or_default()
     }
-
-    pub fn to_value(&self) -> Value {
-        serde_json::to_value(self).unwrap_or(Value::Null)
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -14,7 +14,9 @@ use std::time::Duration;
 use keel_protocol::{Commit, Coordination, Event, EventKind, SingleNode, Store, StoreError};
 use keel_test_support::harness::{TestRuntime, async_tool, tool};
 use keel_test_support::node::{HookedNode, Membership, NodeHooks};
-use keel_test_support::scripted::{Gate, ScriptedModel, Step, call_tool, call_tools, reply_text};
+use keel_test_support::scripted::{
+    Gate, ScriptedModel, Step, call_tool, call_tools, reply_text, when_open,
+};
 use serde_json::{Value, json};
 
 /// Records the event types of every commit the node writes.
@@ -362,4 +364,42 @@ async fn a_turn_refused_behind_the_run_stops_it() {
     assert!(rt.tool_calls_executed("furnace_status") <= 2);
     assert_eq!(rt.event_types(&run).await, ["run_started"]);
     assert_eq!(rt.run(&run).await.status, keel_protocol::RunStatus::Running);
+}
+
+/// A new run's loop state is on record from its first commit, with the
+/// client tools the run declared, while the model has not yet answered: a
+/// node that takes the run over from there still hands their calls back.
+#[tokio::test]
+async fn a_new_runs_first_commit_stores_its_loop_state() {
+    let answer = Gate::new();
+    let model = ScriptedModel::new::<Step>([when_open(&answer, reply_text("Gate 3 stays shut."))]);
+    let rt = TestRuntime::builder(model).build().await;
+    let principal = rt.principal().clone();
+    let gate_tool = keel_protocol::ToolSchema {
+        name: "open_gate".into(),
+        description: "Open a gate of the yard, done by the client".into(),
+        parameters: Arc::new(json!({
+            "type": "object",
+            "properties": {"gate": {"type": "integer"}},
+            "required": ["gate"]
+        })),
+    };
+    let run = rt
+        .start_as(
+            &principal,
+            keel_core::StartRun {
+                input: "Open gate 3".into(),
+                client_tools: vec![gate_tool],
+                ..Default::default()
+            },
+        )
+        .await;
+    rt.wait_event(&run, "run_started").await;
+    let state = rt.run(&run).await.state;
+    assert_eq!(state["client_tools"][0]["name"], "open_gate", "{state}");
+    assert_eq!(state["course"]["goals"], json!(["Open gate 3"]), "{state}");
+    answer.open();
+    let done = rt.wait_terminal(&run).await;
+    assert_eq!(done.output.as_deref(), Some("Gate 3 stays shut."));
+    rt.model().assert_clean();
 }

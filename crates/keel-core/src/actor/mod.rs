@@ -144,6 +144,10 @@ pub(crate) struct RunActor {
 pub(crate) struct ActorInit {
     pub shared: Arc<Shared>,
     pub record: RunRecord,
+    /// The loop state of a run created just now, whose record holds none
+    /// yet; it saves turning the state into JSON and back before the first
+    /// step.
+    pub fresh: Option<LoopState>,
     pub agent: AgentRuntime,
     pub commands: mpsc::UnboundedReceiver<Command>,
     pub cancel: CancellationToken,
@@ -154,7 +158,11 @@ pub(crate) struct ActorInit {
 impl RunActor {
     pub(crate) fn new(init: ActorInit) -> Self {
         let r = init.record;
-        let state = LoopState::from_value(&r.state);
+        let state = init
+            .fresh
+            .unwrap_or_else(|| LoopState::from_value(&r.state));
+        // What the store holds, so that the first commit writes the state
+        // whenever it differs.
         let written_state = r.state.to_string();
         let client_tools = match crate::pipeline::client_tools(&state.client_tools) {
             Ok(set) => set,
