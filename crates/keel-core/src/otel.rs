@@ -71,6 +71,11 @@ pub(crate) fn chat(model: &str, run_id: &str) -> Span {
 
 /// What the model answered, on its `chat` span.
 pub(crate) fn record_chat(span: &Span, response: &ModelResponse) {
+    // Recording on a span no subscriber took does nothing, but the finish
+    // reasons' JSON text would still be built for every model call.
+    if span.is_disabled() {
+        return;
+    }
     span.record(
         "gen_ai.usage.input_tokens",
         int(response.usage.prompt_tokens),
