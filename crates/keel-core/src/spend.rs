@@ -63,7 +63,12 @@ fn counters(quotas: &Quotas, tenant: &str, agent: &AgentConfig) -> Vec<(QuotaKey
         (QuotaLimit::AgentSpendUsdPerMonth, agent.spend_usd_per_month),
     ]
     .into_iter()
-    .filter_map(|(limit, usd)| Some((QuotaKey::at(&agent.id, limit, now), usd_to_micros(usd?))));
+    // The limit first: a counter's key formats the date, and most agents
+    // set no spend limit of their own.
+    .filter_map(|(limit, usd)| {
+        let micros = usd_to_micros(usd?);
+        Some((QuotaKey::at(&agent.id, limit, now), micros))
+    });
     tenant_limits.chain(agent_limits).collect()
 }
 
