@@ -387,8 +387,8 @@ impl RunActor {
         };
         let tool = reg.tool.clone();
         let (idempotent, timeout) = (reg.spec.idempotent, reg.spec.timeout);
+        let fingerprint = cleared.fingerprint().to_owned();
         let args = cleared.into_args();
-        let fingerprint = call_fingerprint(&call.name, &args);
         let args_text = args.to_string();
         self.count_call(call, &args, &mut events);
         let start_held = idempotent && self.turn_is_held();

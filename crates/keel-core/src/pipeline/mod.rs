@@ -97,6 +97,9 @@ pub enum Target {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cleared {
     args: Value,
+    /// The arguments' call fingerprint, as loop detection judged them: the
+    /// run records its result under it.
+    fingerprint: String,
     target: Target,
     rule: String,
     reason: String,
@@ -112,6 +115,9 @@ impl Cleared {
     }
     pub fn warning(&self) -> Option<&LoopHit> {
         self.warning.as_ref()
+    }
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
     pub fn into_args(self) -> Value {
         self.args
@@ -493,6 +499,7 @@ pub fn evaluate(
         // A person already decided: an approval outranks a confirmation.
         PolicyDecision::Approve | PolicyDecision::Clarify => Verdict::Execute(Cleared {
             args,
+            fingerprint,
             target,
             rule: "approved".into(),
             reason: match origin {
@@ -503,6 +510,7 @@ pub fn evaluate(
         }),
         PolicyDecision::Execute => Verdict::Execute(Cleared {
             args,
+            fingerprint,
             target,
             rule: verdict.rule,
             reason: if target == Target::Client {

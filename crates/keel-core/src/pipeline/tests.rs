@@ -255,10 +255,16 @@ fn hooks_block_rewrite_and_fill_before_missing_slots_are_judged() {
         "furnace_status",
         r#"{"furnace_id":"F2","tenant_id":"globex"}"#,
     );
+    let cleared = executes(&v).expect("execute");
     assert_eq!(
-        executes(&v).expect("execute").args(),
+        cleared.args(),
         &json!({"furnace_id":"F2","tenant_id":"default"}),
         "the tenant is the caller's, whatever the model sent"
+    );
+    // The run records the call under the arguments it executes with.
+    assert_eq!(
+        cleared.fingerprint(),
+        call_fingerprint("furnace_status", cleared.args())
     );
     // A default hook fills the missing slot: nobody is asked.
     case.guards = guards(
