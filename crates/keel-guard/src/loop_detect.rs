@@ -246,11 +246,6 @@ pub fn outcome_fingerprint(
     structured: Option<&Value>,
     volatile_fields: &[String],
 ) -> String {
-    let extra: Vec<String> = volatile_fields
-        .iter()
-        .map(|f| normalize_key(f).into_owned())
-        .collect();
-    let canon = Canon::Outcome { extra: &extra };
     let parsed;
     let json = match structured {
         Some(v) => Some(v),
@@ -259,6 +254,22 @@ pub fn outcome_fingerprint(
             parsed.as_ref()
         }
     };
+    outcome_fingerprint_json(output, json, volatile_fields)
+}
+
+/// [`outcome_fingerprint`] for a caller that has read the output as JSON
+/// already: `json` is the structured result, else `output` (trimmed) as one
+/// JSON document, else `None`.
+pub fn outcome_fingerprint_json(
+    output: &str,
+    json: Option<&Value>,
+    volatile_fields: &[String],
+) -> String {
+    let extra: Vec<String> = volatile_fields
+        .iter()
+        .map(|f| normalize_key(f).into_owned())
+        .collect();
+    let canon = Canon::Outcome { extra: &extra };
     match json {
         Some(v) => {
             let mut canonical = String::with_capacity(output.len());

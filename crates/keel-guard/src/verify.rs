@@ -65,6 +65,10 @@ pub struct VerifyInput<'a> {
     pub tool: &'a ToolSpec,
     pub output: &'a str,
     pub structured: Option<&'a Value>,
+    /// `output` as [`OutputJson::read`] reads it. Loop detection's outcome
+    /// fingerprint reads the same text as JSON, so the caller reads it once
+    /// for both.
+    pub output_json: Option<&'a OutputJson>,
     /// false when the tool reported an error.
     pub ok: bool,
     pub caller_tenant: &'a str,
@@ -93,10 +97,10 @@ impl Verifier {
     }
 
     pub fn verify(&self, input: &VerifyInput<'_>) -> Report {
-        let parsed = parse_output(input.output);
+        let parsed = input.output_json;
         // The structured result is what the tool meant; the text is what
         // the model would read. Both are searched for foreign tenants.
-        let result = input.structured.or(parsed.as_ref().and_then(Parsed::whole));
+        let result = input.structured.or(parsed.and_then(OutputJson::whole));
         let mut report = Report::default();
 
         if input.ok
@@ -111,7 +115,7 @@ impl Verifier {
             scan.add(self.scan(value, input.caller_tenant));
             scanned = true;
         }
-        if let Some(parsed) = &parsed {
+        if let Some(parsed) = parsed {
             for value in parsed.values() {
                 scan.add(self.scan(value, input.caller_tenant));
             }
@@ -201,44 +205,48 @@ impl Verifier {
     }
 }
 
-/// The output text read as JSON: one document, or JSON lines.
-enum Parsed {
+/// A tool's output text read as JSON: one document, or JSON lines.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputJson {
     Whole(Value),
     Lines(Vec<Value>),
 }
 
-impl Parsed {
-    fn whole(&self) -> Option<&Value> {
+impl OutputJson {
+    /// The text (trimmed) as one JSON document, else its lines that are
+    /// JSON objects or arrays; `None` when it is neither. JSON lines count
+    /// too, so a tool that streams rows one per line cannot leak another
+    /// tenant's rows past the isolation check.
+    pub fn read(output: &str) -> Option<Self> {
+        let text = output.trim();
+        if text.is_empty() {
+            return None;
+        }
+        if let Ok(value) = serde_json::from_str::<Value>(text) {
+            return Some(Self::Whole(value));
+        }
+        let lines: Vec<Value> = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line.trim()).ok())
+            .filter(|v| v.is_object() || v.is_array())
+            .collect();
+        (!lines.is_empty()).then_some(Self::Lines(lines))
+    }
+
+    /// The text as one document, when it is one.
+    pub fn whole(&self) -> Option<&Value> {
         match self {
-            Parsed::Whole(v) => Some(v),
-            Parsed::Lines(_) => None,
+            Self::Whole(v) => Some(v),
+            Self::Lines(_) => None,
         }
     }
 
     fn values(&self) -> &[Value] {
         match self {
-            Parsed::Whole(v) => std::slice::from_ref(v),
-            Parsed::Lines(vs) => vs,
+            Self::Whole(v) => std::slice::from_ref(v),
+            Self::Lines(vs) => vs,
         }
     }
-}
-
-/// JSON lines count too, so a tool that streams rows one per line cannot
-/// leak another tenant's rows past the isolation check.
-fn parse_output(output: &str) -> Option<Parsed> {
-    let text = output.trim();
-    if text.is_empty() {
-        return None;
-    }
-    if let Ok(value) = serde_json::from_str::<Value>(text) {
-        return Some(Parsed::Whole(value));
-    }
-    let lines: Vec<Value> = text
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line.trim()).ok())
-        .filter(|v| v.is_object() || v.is_array())
-        .collect();
-    (!lines.is_empty()).then_some(Parsed::Lines(lines))
 }
 
 #[derive(Debug, Default)]

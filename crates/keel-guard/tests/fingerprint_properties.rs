@@ -5,7 +5,8 @@
 //! fields (clocks, request ids, timings, the tool's own `volatile_fields`)
 //! at any depth, and neither is blind to a change of anything else.
 
-use keel_guard::loop_detect::{call_fingerprint, outcome_fingerprint};
+use keel_guard::loop_detect::{call_fingerprint, outcome_fingerprint, outcome_fingerprint_json};
+use keel_guard::verify::OutputJson;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{Map, Value};
@@ -277,5 +278,25 @@ proptest! {
             outcome_fingerprint(&second, None, &extra()),
             "{} vs {}", first, second
         );
+    }
+
+    #[test]
+    fn outcome_fingerprint_is_the_same_from_text_read_once(
+        result in json(),
+        second in json(),
+        prose in "[a-zA-Z0-9 .:{}\\[\\]\n]{0,40}",
+        seed in any::<u64>(),
+    ) {
+        // A document (padded as servers send it), JSON lines, and prose.
+        let document = format!(" \n{}\n", Writer::text(seed, Noise::Volatile, &result));
+        let lines = format!("{}\n{}", Value::Array(vec![result]), Value::Array(vec![second]));
+        for text in [document.as_str(), lines.as_str(), prose.as_str()] {
+            let read = OutputJson::read(text);
+            prop_assert_eq!(
+                outcome_fingerprint_json(text, read.as_ref().and_then(OutputJson::whole), &extra()),
+                outcome_fingerprint(text, None, &extra()),
+                "{:?}", text
+            );
+        }
     }
 }

@@ -6,8 +6,8 @@
 //! withheld entirely, empty results are marked, failed checks are reported;
 //! what remains is fenced as untrusted data and capped in size.
 
-use keel_guard::loop_detect::{CallRecord, Outcome, outcome_fingerprint};
-use keel_guard::verify::VerifyInput;
+use keel_guard::loop_detect::{CallRecord, Outcome, outcome_fingerprint, outcome_fingerprint_json};
+use keel_guard::verify::{OutputJson, VerifyInput};
 use keel_protocol::{EventKind, FeedbackCode, Message, ToolCall, ToolOutput};
 
 use super::RunActor;
@@ -48,18 +48,24 @@ impl RunActor {
             Ok(out) => (true, out.content, out.structured, None),
             Err(e) => (false, String::new(), None, Some(e)),
         };
+        // Read as JSON once, for verification and the outcome fingerprint.
+        let output_json = OutputJson::read(&raw);
+        let outcome = if raw.is_empty() {
+            outcome_fingerprint(
+                error.as_deref().unwrap_or(""),
+                structured.as_ref(),
+                &spec.volatile_fields,
+            )
+        } else {
+            let json = structured
+                .as_ref()
+                .or(output_json.as_ref().and_then(OutputJson::whole));
+            outcome_fingerprint_json(&raw, json, &spec.volatile_fields)
+        };
         self.state.calls.record(CallRecord {
             tool: call.name.clone(),
             call: fingerprint.to_owned(),
-            outcome: Some(outcome_fingerprint(
-                if raw.is_empty() {
-                    error.as_deref().unwrap_or("")
-                } else {
-                    &raw
-                },
-                structured.as_ref(),
-                &spec.volatile_fields,
-            )),
+            outcome: Some(outcome),
             kind: if ok { Outcome::Ok } else { Outcome::Error },
             poll: spec.poll,
         });
@@ -67,6 +73,7 @@ impl RunActor {
             tool: spec,
             output: &raw,
             structured: structured.as_ref(),
+            output_json: output_json.as_ref(),
             ok,
             caller_tenant: &self.principal.tenant,
             output_schema: reg.output_schema.as_ref(),

@@ -20,6 +20,7 @@ fn run(v: &Verifier, tool_name: &str, output: &str) -> Report {
         tool: &t,
         output,
         structured: None,
+        output_json: OutputJson::read(output).as_ref(),
         ok: true,
         caller_tenant: "acme",
         output_schema: None,
@@ -94,6 +95,7 @@ fn structured_results_are_checked_too() {
         tool: &t,
         output: "1 customer found",
         structured: Some(&structured),
+        output_json: OutputJson::read("1 customer found").as_ref(),
         ok: true,
         caller_tenant: "acme",
         output_schema: None,
@@ -110,18 +112,21 @@ fn failed_tools_are_only_checked_for_tenant_isolation() {
     let v = verifier(json!({"required_fields": {"t": ["id"]}}));
     let t = tool("t");
     let schema = CompiledSchema::compile(&json!({"type": "object"})).unwrap();
-    let input = |output: &'static str| VerifyInput {
-        tool: &t,
-        output,
-        structured: None,
-        ok: false,
-        caller_tenant: "acme",
-        output_schema: Some(&schema),
+    let verify = |output: &str| {
+        v.verify(&VerifyInput {
+            tool: &t,
+            output,
+            structured: None,
+            output_json: OutputJson::read(output).as_ref(),
+            ok: false,
+            caller_tenant: "acme",
+            output_schema: Some(&schema),
+        })
     };
-    let report = v.verify(&input(""));
+    let report = verify("");
     assert!(report.checks.is_empty());
     assert!(!report.empty);
-    let report = v.verify(&input(r#"{"error": "x", "tenant_id": "globex"}"#));
+    let report = verify(r#"{"error": "x", "tenant_id": "globex"}"#);
     assert_eq!(rules(&report), vec![RULE_TENANT_ISOLATION]);
     assert!(report.withhold);
 }
@@ -258,6 +263,7 @@ fn with_schema(v: &Verifier, output: &str, structured: Option<&Value>) -> Report
         tool: &t,
         output,
         structured,
+        output_json: OutputJson::read(output).as_ref(),
         ok: true,
         caller_tenant: "acme",
         output_schema: Some(&schema),
