@@ -63,12 +63,10 @@ impl Report {
 #[derive(Debug, Clone, Copy)]
 pub struct VerifyInput<'a> {
     pub tool: &'a ToolSpec,
-    pub output: &'a str,
+    /// The output text, read as JSON by the caller: loop detection's
+    /// outcome fingerprint reads the same text, so it is read once for both.
+    pub output: &'a ToolText<'a>,
     pub structured: Option<&'a Value>,
-    /// `output` as [`OutputJson::read`] reads it. Loop detection's outcome
-    /// fingerprint reads the same text as JSON, so the caller reads it once
-    /// for both.
-    pub output_json: Option<&'a OutputJson>,
     /// false when the tool reported an error.
     pub ok: bool,
     pub caller_tenant: &'a str,
@@ -97,7 +95,7 @@ impl Verifier {
     }
 
     pub fn verify(&self, input: &VerifyInput<'_>) -> Report {
-        let parsed = input.output_json;
+        let parsed = input.output.json();
         // The structured result is what the tool meant; the text is what
         // the model would read. Both are searched for foreign tenants.
         let result = input.structured.or(parsed.and_then(OutputJson::whole));
@@ -143,7 +141,7 @@ impl Verifier {
         if input.ok && self.non_empty {
             let empty = match result {
                 Some(value) => is_empty(value),
-                None => input.output.trim().is_empty(),
+                None => input.output.text().trim().is_empty(),
             };
             report.empty = empty;
             let detail = if empty {
@@ -202,6 +200,38 @@ impl Verifier {
             &mut scan,
         );
         scan
+    }
+}
+
+/// A tool's output text with what it reads as JSON. Only [`ToolText::read`]
+/// makes one, so the JSON the verifier scans for other tenants' rows is
+/// always that of the text: no caller can hand it text unread.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolText<'a> {
+    text: &'a str,
+    json: Option<OutputJson>,
+}
+
+impl<'a> ToolText<'a> {
+    pub fn read(text: &'a str) -> Self {
+        Self {
+            text,
+            json: OutputJson::read(text),
+        }
+    }
+
+    pub fn text(&self) -> &'a str {
+        self.text
+    }
+
+    /// The text as JSON, when it is JSON.
+    pub fn json(&self) -> Option<&OutputJson> {
+        self.json.as_ref()
+    }
+
+    /// The text as one JSON document, when it is one.
+    pub fn whole(&self) -> Option<&Value> {
+        self.json.as_ref().and_then(OutputJson::whole)
     }
 }
 

@@ -7,7 +7,7 @@
 //! what remains is fenced as untrusted data and capped in size.
 
 use keel_guard::loop_detect::{CallRecord, Outcome, outcome_fingerprint, outcome_fingerprint_json};
-use keel_guard::verify::{OutputJson, VerifyInput};
+use keel_guard::verify::{ToolText, VerifyInput};
 use keel_protocol::{EventKind, FeedbackCode, Message, ToolCall, ToolOutput};
 
 use super::RunActor;
@@ -49,7 +49,7 @@ impl RunActor {
             Err(e) => (false, String::new(), None, Some(e)),
         };
         // Read as JSON once, for verification and the outcome fingerprint.
-        let output_json = OutputJson::read(&raw);
+        let text = ToolText::read(&raw);
         let outcome = if raw.is_empty() {
             outcome_fingerprint(
                 error.as_deref().unwrap_or(""),
@@ -57,9 +57,7 @@ impl RunActor {
                 &spec.volatile_fields,
             )
         } else {
-            let json = structured
-                .as_ref()
-                .or(output_json.as_ref().and_then(OutputJson::whole));
+            let json = structured.as_ref().or(text.whole());
             outcome_fingerprint_json(&raw, json, &spec.volatile_fields)
         };
         self.state.calls.record(CallRecord {
@@ -71,9 +69,8 @@ impl RunActor {
         });
         let report = self.shared.guards.verifier.verify(&VerifyInput {
             tool: spec,
-            output: &raw,
+            output: &text,
             structured: structured.as_ref(),
-            output_json: output_json.as_ref(),
             ok,
             caller_tenant: &self.principal.tenant,
             output_schema: reg.output_schema.as_ref(),

@@ -18,9 +18,8 @@ fn run(v: &Verifier, tool_name: &str, output: &str) -> Report {
     let t = tool(tool_name);
     v.verify(&VerifyInput {
         tool: &t,
-        output,
+        output: &ToolText::read(output),
         structured: None,
-        output_json: OutputJson::read(output).as_ref(),
         ok: true,
         caller_tenant: "acme",
         output_schema: None,
@@ -93,9 +92,8 @@ fn structured_results_are_checked_too() {
     let structured = json!({"rows": [{"tenant_id": "globex"}]});
     let report = v.verify(&VerifyInput {
         tool: &t,
-        output: "1 customer found",
+        output: &ToolText::read("1 customer found"),
         structured: Some(&structured),
-        output_json: OutputJson::read("1 customer found").as_ref(),
         ok: true,
         caller_tenant: "acme",
         output_schema: None,
@@ -115,9 +113,8 @@ fn failed_tools_are_only_checked_for_tenant_isolation() {
     let verify = |output: &str| {
         v.verify(&VerifyInput {
             tool: &t,
-            output,
+            output: &ToolText::read(output),
             structured: None,
-            output_json: OutputJson::read(output).as_ref(),
             ok: false,
             caller_tenant: "acme",
             output_schema: Some(&schema),
@@ -261,9 +258,8 @@ fn with_schema(v: &Verifier, output: &str, structured: Option<&Value>) -> Report
     .unwrap();
     v.verify(&VerifyInput {
         tool: &t,
-        output,
+        output: &ToolText::read(output),
         structured,
-        output_json: OutputJson::read(output).as_ref(),
         ok: true,
         caller_tenant: "acme",
         output_schema: Some(&schema),
