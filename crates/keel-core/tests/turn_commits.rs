@@ -237,6 +237,79 @@ async fn a_slow_idempotent_call_shows_in_the_stream_while_it_runs() {
     rt.model().assert_clean();
 }
 
+#[tokio::test]
+async fn each_slow_call_shows_while_it_runs_and_a_quick_one_between_does_not() {
+    // A slow call, a quick one, a slow one: each slow call is announced
+    // on its own while it runs, and the quick one between them, though
+    // it follows a call whose announcement came due, is stored with its
+    // result.
+    let (first, second) = (Gate::new(), Gate::new());
+    let gates = [("F2", first.clone()), ("F3", second.clone())];
+    let slow = async_tool(
+        "furnace_history",
+        json!({"type": "object", "properties": {"furnace_id": {"type": "string"}}, "required": ["furnace_id"]}),
+        move |args: Value, _ctx| {
+            let gate = gates
+                .iter()
+                .find(|(id, _)| args["furnace_id"] == *id)
+                .map(|(_, gate)| gate.clone())
+                .expect("a gate for each slow furnace");
+            async move {
+                gate.wait().await;
+                json!({"furnace": args["furnace_id"], "batches": 12})
+            }
+        },
+    )
+    .idempotent(true);
+    let model = ScriptedModel::new::<Step>([
+        call_tool("furnace_history", json!({"furnace_id": "F2"})).into(),
+        call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),
+        call_tool("furnace_history", json!({"furnace_id": "F3"})).into(),
+        reply_text("F2 and F3 ran 12 batches each.").into(),
+    ]);
+    // Quick, but not done when first asked, as a tool over the network.
+    let quick = async_tool(
+        "furnace_status",
+        json!({"type": "object", "properties": {"furnace_id": {"type": "string"}}, "required": ["furnace_id"]}),
+        |args: Value, _ctx| async move {
+            tokio::task::yield_now().await;
+            json!({"furnace": args["furnace_id"], "state": "running"})
+        },
+    )
+    .idempotent(true);
+    let (rt, commits) = recorded(model, vec![quick, slow]).await;
+    let run = rt.start("What did F2 and F3 do this week?").await;
+    // Each slow call answers only once the stream has shown it.
+    for (shown, gate) in [(1, &first), (3, &second)] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while rt.events_of(&run, "tool_call").await.len() < shown {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "slow call {shown} never shown while it ran; events: {:?}",
+                rt.event_types(&run).await
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        gate.open();
+    }
+    let done = rt.wait_terminal(&run).await;
+    assert_eq!(
+        done.output.as_deref(),
+        Some("F2 and F3 ran 12 batches each.")
+    );
+    let with_calls = commits_with_calls(&commits);
+    let announced = with_calls
+        .iter()
+        .filter(|c| !c.contains(&"tool_result"))
+        .count();
+    assert_eq!(
+        (with_calls.len(), announced),
+        (3, 2),
+        "the quick call stored with its result, each slow one announced alone: {with_calls:?}"
+    );
+    rt.model().assert_clean();
+}
+
 /// A runtime with the status tool whose commits with a tool result wait
 /// until the returned gate opens.
 async fn gated(model: ScriptedModel) -> (TestRuntime, Commits, Gate) {

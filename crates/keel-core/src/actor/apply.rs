@@ -450,11 +450,26 @@ impl RunActor {
         let mut running = std::pin::pin!(running);
         let mut answered = None;
         if start_held {
+            // The last call's timer, moved: it is still among the timers the
+            // runtime sleeps until, so a later deadline leaves the runtime
+            // be. A new timer, earlier than every other it waits for, would
+            // make it wake its own driver at once, a system call and an
+            // empty pass of its loop per tool call.
+            let deadline = tokio::time::Instant::now() + ANNOUNCE_AFTER;
+            let announce = match &mut self.announce {
+                Some(timer) => {
+                    timer.as_mut().reset(deadline);
+                    timer
+                }
+                None => self
+                    .announce
+                    .insert(Box::pin(tokio::time::sleep_until(deadline))),
+            };
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return Err(Exit::Cancelled),
                 r = &mut running => return Ok(r),
-                () = tokio::time::sleep(ANNOUNCE_AFTER) => {}
+                () = announce.as_mut() => {}
             }
             // The announcement is not cut short by a cancellation: like every
             // commit, it is written whole or not at all before the run ends.

@@ -139,6 +139,10 @@ pub(crate) struct RunActor {
     /// Commits still being written while the run goes on (see
     /// `commit_behind`); every later write waits for them first.
     writing: Option<behind::Behind>,
+    /// The timer after which a running tool call is announced, made at the
+    /// run's first tool call and moved, not made anew, for each later one
+    /// (see `run_tool`).
+    announce: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 pub(crate) struct ActorInit {
@@ -197,6 +201,7 @@ impl RunActor {
             written_state,
             wire_cache: keel_protocol::WireCache::default(),
             writing: None,
+            announce: None,
             run_id: r.id,
             status: r.status,
             input: r.input,
