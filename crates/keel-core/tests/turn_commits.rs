@@ -115,6 +115,25 @@ fn furnace_status() -> keel_test_support::harness::TestTool {
     .idempotent(true)
 }
 
+/// `furnace_history`, idempotent: each call answers once the gate that
+/// `gate_for` picks for its arguments opens.
+fn gated_history(
+    gate_for: impl Fn(&Value) -> Gate + Send + Sync + 'static,
+) -> keel_test_support::harness::TestTool {
+    async_tool(
+        "furnace_history",
+        json!({"type": "object", "properties": {"furnace_id": {"type": "string"}}, "required": ["furnace_id"]}),
+        move |args: Value, _ctx| {
+            let gate = gate_for(&args);
+            async move {
+                gate.wait().await;
+                json!({"furnace": args["furnace_id"], "batches": 12})
+            }
+        },
+    )
+    .idempotent(true)
+}
+
 fn restart_furnace() -> keel_test_support::harness::TestTool {
     tool(
         "restart_furnace",
@@ -204,18 +223,7 @@ async fn a_later_call_of_a_stored_turn_is_on_record_before_it_runs() {
 async fn a_slow_idempotent_call_shows_in_the_stream_while_it_runs() {
     let gate = Gate::new();
     let release = gate.clone();
-    let slow = async_tool(
-        "furnace_history",
-        json!({"type": "object", "properties": {"furnace_id": {"type": "string"}}, "required": ["furnace_id"]}),
-        move |args: Value, _ctx| {
-            let gate = gate.clone();
-            async move {
-                gate.wait().await;
-                json!({"furnace": args["furnace_id"], "batches": 12})
-            }
-        },
-    )
-    .idempotent(true);
+    let slow = gated_history(move |_| gate.clone());
     let model = ScriptedModel::new::<Step>([
         call_tool("furnace_history", json!({"furnace_id": "F1"})).into(),
         reply_text("F1 ran 12 batches.").into(),
@@ -245,22 +253,13 @@ async fn each_slow_call_shows_while_it_runs_and_a_quick_one_between_does_not() {
     // result.
     let (first, second) = (Gate::new(), Gate::new());
     let gates = [("F2", first.clone()), ("F3", second.clone())];
-    let slow = async_tool(
-        "furnace_history",
-        json!({"type": "object", "properties": {"furnace_id": {"type": "string"}}, "required": ["furnace_id"]}),
-        move |args: Value, _ctx| {
-            let gate = gates
-                .iter()
-                .find(|(id, _)| args["furnace_id"] == *id)
-                .map(|(_, gate)| gate.clone())
-                .expect("a gate for each slow furnace");
-            async move {
-                gate.wait().await;
-                json!({"furnace": args["furnace_id"], "batches": 12})
-            }
-        },
-    )
-    .idempotent(true);
+    let slow = gated_history(move |args| {
+        gates
+            .iter()
+            .find(|(id, _)| args["furnace_id"] == *id)
+            .map(|(_, gate)| gate.clone())
+            .expect("a gate for each slow furnace")
+    });
     let model = ScriptedModel::new::<Step>([
         call_tool("furnace_history", json!({"furnace_id": "F2"})).into(),
         call_tool("furnace_status", json!({"furnace_id": "F1"})).into(),

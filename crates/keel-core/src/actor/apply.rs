@@ -450,13 +450,13 @@ impl RunActor {
         let mut running = std::pin::pin!(running);
         let mut answered = None;
         if start_held {
-            // The last call's timer, moved: it is still among the timers the
-            // runtime sleeps until, so a later deadline leaves the runtime
-            // be. A new timer, earlier than every other it waits for, would
-            // make it wake its own driver at once, a system call and an
-            // empty pass of its loop per tool call.
+            // The last call's timer, moved. Until its deadline passes it is
+            // among the timers the runtime sleeps until, so moving it later
+            // leaves the runtime be. A new timer, earlier than every other
+            // it waits for, would make it wake its own driver at once: a
+            // system call and an empty pass of its loop per tool call.
             let deadline = tokio::time::Instant::now() + ANNOUNCE_AFTER;
-            let announce = match &mut self.announce {
+            let timer = match &mut self.announce {
                 Some(timer) => {
                     timer.as_mut().reset(deadline);
                     timer
@@ -469,7 +469,7 @@ impl RunActor {
                 biased;
                 _ = cancel.cancelled() => return Err(Exit::Cancelled),
                 r = &mut running => return Ok(r),
-                () = announce.as_mut() => {}
+                () = timer.as_mut() => {}
             }
             // The announcement is not cut short by a cancellation: like every
             // commit, it is written whole or not at all before the run ends.
