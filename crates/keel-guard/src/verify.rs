@@ -235,7 +235,8 @@ impl<'a> ToolText<'a> {
     }
 }
 
-/// A tool's output text read as JSON: one document, or JSON lines.
+/// A tool's output text read as JSON: one document, or JSON lines. Made
+/// only through [`ToolText::read`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum OutputJson {
     Whole(Value),
@@ -247,7 +248,7 @@ impl OutputJson {
     /// JSON objects or arrays; `None` when it is neither. JSON lines count
     /// too, so a tool that streams rows one per line cannot leak another
     /// tenant's rows past the isolation check.
-    pub fn read(output: &str) -> Option<Self> {
+    fn read(output: &str) -> Option<Self> {
         let text = output.trim();
         if text.is_empty() {
             return None;

@@ -6,7 +6,7 @@
 //! at any depth, and neither is blind to a change of anything else.
 
 use keel_guard::loop_detect::{call_fingerprint, outcome_fingerprint, outcome_fingerprint_json};
-use keel_guard::verify::OutputJson;
+use keel_guard::verify::ToolText;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{Map, Value};
@@ -291,9 +291,9 @@ proptest! {
         let document = format!(" \n{}\n", Writer::text(seed, Noise::Volatile, &result));
         let lines = format!("{}\n{}", Value::Array(vec![result]), Value::Array(vec![second]));
         for text in [document.as_str(), lines.as_str(), prose.as_str()] {
-            let read = OutputJson::read(text);
+            let read = ToolText::read(text);
             prop_assert_eq!(
-                outcome_fingerprint_json(text, read.as_ref().and_then(OutputJson::whole), &extra()),
+                outcome_fingerprint_json(text, read.whole(), &extra()),
                 outcome_fingerprint(text, None, &extra()),
                 "{:?}", text
             );
