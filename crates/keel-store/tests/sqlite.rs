@@ -610,11 +610,12 @@ async fn a_turns_events_are_stored_compressed_beside_rows_stored_as_text() {
     );
 }
 
-/// A tool turn's messages share one row, compressed, beside rows an earlier
-/// version wrote one message each; every read gives them back one by one,
-/// in order, with the run that wrote them.
+/// A tool turn's messages ride in its events row, compressed; a commit
+/// with messages and no events writes a row of `messages`. Every read gives
+/// them back one by one, in the order they were written, with the run that
+/// wrote them, and archiving takes them from both places.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commits_messages_share_one_row_beside_rows_of_one_message() {
+async fn a_turns_messages_ride_in_its_events_row_in_order_with_rows_of_their_own() {
     let (_dir, path, store, tenant, run) = store_with_a_run().await;
     let call = keel_protocol::ToolCall {
         id: "call_1".into(),
@@ -623,6 +624,9 @@ async fn a_commits_messages_share_one_row_beside_rows_of_one_message() {
     };
     let output = format!(r#"{{"key":"k1","value":"{}"}}"#, "x".repeat(400));
     let tool_turn = |n: u32| Commit {
+        events: vec![EventKind::MessageDelta {
+            text: format!("turn {n}"),
+        }],
         messages: vec![
             Message::Assistant {
                 content: format!("turn {n}\nlooking it up"),
@@ -637,53 +641,185 @@ async fn a_commits_messages_share_one_row_beside_rows_of_one_message() {
         ],
         ..Commit::default()
     };
+    let said = |text: &str| Commit {
+        messages: vec![Message::user(text)],
+        ..Commit::default()
+    };
     store.commit(&run.id, tool_turn(1)).await.unwrap();
-
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    let (rows, kind): (i64, String) = conn
-        .query_row(
-            "SELECT count(*), max(typeof(body)) FROM messages WHERE run_id = ?1",
-            [&run.id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
+    // Another run of the session writes between this run's turns.
+    let (other, _) = store
+        .create_run(store_suite::new_run(&tenant, "s"))
+        .await
         .unwrap();
-    assert_eq!((rows, kind.as_str()), (1, "blob"));
-    // A message as an earlier version stored it: a row of its own, as text.
-    conn.execute(
-        "INSERT INTO messages (tenant, session, run_id, body) VALUES (?1, 's', ?2, ?3)",
-        rusqlite::params![
-            tenant,
-            run.id,
-            serde_json::to_string(&Message::user("in between")).unwrap()
-        ],
-    )
-    .unwrap();
-    drop(conn);
+    store.commit(&other.id, tool_turn(9)).await.unwrap();
+    store.commit(&run.id, said("in between")).await.unwrap();
     store.commit(&run.id, tool_turn(2)).await.unwrap();
 
-    let mut want = tool_turn(1).messages;
-    want.push(Message::user("in between"));
-    want.extend(tool_turn(2).messages);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let kinds: Vec<String> = conn
+        .prepare("SELECT typeof(messages) FROM events WHERE run_id = ?1 ORDER BY id")
+        .unwrap()
+        .query_map([&run.id], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(kinds, ["blob", "blob"], "both tool turns, compressed");
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        rows, 1,
+        "only the commit without events has a row of its own"
+    );
+    drop(conn);
+
     let text = |messages: &[Message]| {
         messages
             .iter()
             .map(|m| serde_json::to_string(m).unwrap())
             .collect::<Vec<_>>()
     };
-    assert_eq!(text(&store.history(&run.id).await.unwrap()), text(&want));
+    let mut own = tool_turn(1).messages;
+    own.push(Message::user("in between"));
+    own.extend(tool_turn(2).messages);
+    assert_eq!(text(&store.history(&run.id).await.unwrap()), text(&own));
+    let mut others = own.clone();
+    others.extend(tool_turn(9).messages);
+    assert_eq!(
+        text(&store.history(&other.id).await.unwrap()),
+        text(&others),
+        "an earlier run's messages, then the run's own"
+    );
+    let mut written = tool_turn(1).messages;
+    written.extend(tool_turn(9).messages);
+    written.push(Message::user("in between"));
+    written.extend(tool_turn(2).messages);
     let listed = store.session_messages(&tenant, "s").await.unwrap().unwrap();
-    assert!(listed.iter().all(|(id, _)| *id == run.id));
+    let runs: Vec<&str> = listed.iter().map(|(id, _)| id.as_str()).collect();
+    let (a, b) = (run.id.as_str(), other.id.as_str());
+    assert_eq!(runs, [a, a, b, b, a, a, a]);
     let listed: Vec<Message> = listed.into_iter().map(|(_, m)| m).collect();
-    assert_eq!(text(&listed), text(&want));
+    assert_eq!(text(&listed), text(&written), "the session, as written");
 
-    // A run's end lets the session be archived, with every message.
-    store
-        .commit(&run.id, status_change(RunStatus::Completed))
+    // The runs' ends let the session be archived, with every message.
+    for id in [&run.id, &other.id] {
+        store
+            .commit(id, status_change(RunStatus::Completed))
+            .await
+            .unwrap();
+    }
+    let (key, archived) = store.archive_session(&tenant, "s").await.unwrap();
+    let archived: Vec<Message> = archived.into_iter().map(|(_, m)| m).collect();
+    assert_eq!(text(&archived), text(&written));
+    let kept = store
+        .session_messages(&tenant, &key)
+        .await
+        .unwrap()
+        .unwrap();
+    let kept: Vec<Message> = kept.into_iter().map(|(_, m)| m).collect();
+    assert_eq!(
+        text(&kept),
+        text(&written),
+        "the archive reads back in order"
+    );
+    assert_eq!(
+        store.session_messages(&tenant, "s").await.unwrap(),
+        Some(vec![])
+    );
+    let (later, _) = store
+        .create_run(store_suite::new_run(&tenant, "s"))
         .await
         .unwrap();
-    let (_, archived) = store.archive_session(&tenant, "s").await.unwrap();
-    let archived: Vec<Message> = archived.into_iter().map(|(_, m)| m).collect();
-    assert_eq!(text(&archived), text(&want));
+    assert!(store.history(&later.id).await.unwrap().is_empty());
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let left: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM events WHERE messages IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(left, 0, "no events row keeps an archived message");
+}
+
+/// Messages a version 11 database keeps in rows of `messages`, one commit's
+/// to a row, come before those that later commits write, in both places.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_11_database_keeps_its_messages_first_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let conn = database_at_version(&path, 11);
+    let usage = serde_json::to_string(&keel_protocol::Usage::default()).unwrap();
+    let principal = serde_json::to_string(&store_suite::new_run("t", "s").principal).unwrap();
+    conn.execute_batch("INSERT INTO sessions VALUES ('t', 's', '2026-11-01T00:00:00Z');")
+        .unwrap();
+    conn.execute(
+        "INSERT INTO runs (id, ord, tenant, session, agent, status, input, usage, metadata, \
+           state, principal, created_at, updated_at) \
+         VALUES ('run_old', 1, 't', 's', 'default', 'running', 'hi', ?1, '{}', 'null', ?2, \
+           '2026-11-01T00:00:00Z', '2026-11-01T00:00:00Z')",
+        rusqlite::params![usage, principal],
+    )
+    .unwrap();
+    let line = |text: &str| serde_json::to_string(&Message::user(text)).unwrap();
+    for (seq, body) in [
+        (1, format!("{}\n{}", line("first"), line("second"))),
+        (2, line("third")),
+    ] {
+        conn.execute(
+            "INSERT INTO events (run_id, seq, last_seq, body, ts) \
+             VALUES ('run_old', ?1, ?1, ?2, '2026-11-01T00:00:00Z')",
+            rusqlite::params![
+                seq,
+                format!(r#"{{"run_id":"run_old","seq":{seq},"ts":"2026-11-01T00:00:00Z","type":"message_delta","text":"t"}}"#)
+            ],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO messages (tenant, session, run_id, body) VALUES ('t', 's', 'run_old', ?1)",
+            [body],
+        )
+        .unwrap();
+    }
+    conn.execute("UPDATE runs SET last_seq = 2 WHERE id = 'run_old'", [])
+        .unwrap();
+    drop(conn);
+
+    let store = SqliteStore::open(&path).unwrap();
+    store.commit("run_old", turn(4, None)).await.unwrap();
+    store
+        .commit(
+            "run_old",
+            Commit {
+                messages: vec![Message::user("turn 5")],
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    let texts: Vec<String> = store
+        .history("run_old")
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| serde_json::to_value(m).unwrap()["content"].to_string())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "\"first\"",
+            "\"second\"",
+            "\"third\"",
+            "\"turn 4\"",
+            "\"turn 5\""
+        ]
+    );
+    let events = store.events_after("run_old", 0, 10).await.unwrap();
+    assert_eq!(
+        events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "the old events rows read as before"
+    );
 }
 
 /// Call records a version 10 database keeps in `run_calls` stay readable
@@ -845,7 +981,7 @@ async fn a_version_9_database_keeps_its_unfinished_runs() {
 
 /// A database file at schema `version`, as a build of that version left it.
 fn database_at_version(path: &std::path::Path, version: usize) -> rusqlite::Connection {
-    const MIGRATIONS: [&str; 10] = [
+    const MIGRATIONS: [&str; 11] = [
         include_str!("../migrations/sqlite/0001_init.sql"),
         include_str!("../migrations/sqlite/0002_approvals.sql"),
         include_str!("../migrations/sqlite/0003_leases.sql"),
@@ -856,6 +992,7 @@ fn database_at_version(path: &std::path::Path, version: usize) -> rusqlite::Conn
         include_str!("../migrations/sqlite/0008_run_calls.sql"),
         include_str!("../migrations/sqlite/0009_event_batches.sql"),
         include_str!("../migrations/sqlite/0010_unfinished_without_in_list.sql"),
+        include_str!("../migrations/sqlite/0011_rows_per_commit.sql"),
     ];
     let conn = rusqlite::Connection::open(path).unwrap();
     for sql in &MIGRATIONS[..version] {

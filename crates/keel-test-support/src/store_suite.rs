@@ -81,6 +81,17 @@ fn messages_only(messages: Vec<Message>) -> Commit {
     }
 }
 
+/// Messages with the event a turn writes beside them: a backend may keep a
+/// commit's messages apart when it has events and when it has none, and
+/// either way they read back in the order they were written.
+fn turn_with(messages: Vec<Message>) -> Commit {
+    Commit {
+        events: vec![delta("turn")],
+        messages,
+        ..Commit::default()
+    }
+}
+
 fn patch_only(patch: RunPatch) -> Commit {
     Commit {
         approvals: Vec::new(),
@@ -676,10 +687,10 @@ pub async fn patch_semantics(store: &Arc<dyn Store>) {
 pub async fn history_order(store: &Arc<dyn Store>) {
     let tenant = new_id("ten");
     let session = new_id("ses");
-    let say = |store: &Arc<dyn Store>, run: &RunRecord, messages: Vec<Message>| {
+    let say = |store: &Arc<dyn Store>, run: &RunRecord, commit: Commit| {
         let store = Arc::clone(store);
         let id = run.id.clone();
-        async move { store.commit(&id, messages_only(messages)).await.unwrap() }
+        async move { store.commit(&id, commit).await.unwrap() }
     };
     let a1 = Message::user("a1");
     let a2 = Message::Assistant {
@@ -703,21 +714,32 @@ pub async fn history_order(store: &Arc<dyn Store>) {
     };
     let c1 = Message::system("c1");
 
+    // Commits with events and without, interleaved.
     let run_a = create(store, &tenant, &session).await;
-    say(store, &run_a, vec![a1.clone(), a2.clone()]).await;
+    say(store, &run_a, turn_with(vec![a1.clone(), a2.clone()])).await;
     let run_b = create(store, &tenant, &session).await;
-    say(store, &run_b, vec![b1.clone()]).await;
+    say(store, &run_b, messages_only(vec![b1.clone()])).await;
     // A was created before B, so what it writes now still belongs to B's past.
-    say(store, &run_a, vec![a3.clone()]).await;
+    say(store, &run_a, turn_with(vec![a3.clone()])).await;
     let run_c = create(store, &tenant, &session).await;
-    say(store, &run_c, vec![c1.clone()]).await;
-    say(store, &run_b, vec![b2.clone()]).await;
+    say(store, &run_c, messages_only(vec![c1.clone()])).await;
+    say(store, &run_b, turn_with(vec![b2.clone()])).await;
 
     // Noise that must never leak in: another session, another tenant.
     let elsewhere = create(store, &tenant, &new_id("ses")).await;
-    say(store, &elsewhere, vec![Message::user("other session")]).await;
+    say(
+        store,
+        &elsewhere,
+        turn_with(vec![Message::user("other session")]),
+    )
+    .await;
     let foreign = create(store, &new_id("ten"), &session).await;
-    say(store, &foreign, vec![Message::user("other tenant")]).await;
+    say(
+        store,
+        &foreign,
+        turn_with(vec![Message::user("other tenant")]),
+    )
+    .await;
 
     assert_eq!(
         store.history(&run_a.id).await.unwrap(),
@@ -756,7 +778,7 @@ pub async fn session_messages(store: &Arc<dyn Store>) {
         .await
         .unwrap();
     store
-        .commit(&second.id, messages_only(vec![Message::user("3")]))
+        .commit(&second.id, turn_with(vec![Message::user("3")]))
         .await
         .unwrap();
     store
@@ -1354,11 +1376,15 @@ pub async fn archive_session(store: &Arc<dyn Store>) {
     store
         .commit(
             &run.id,
+            turn_with(vec![Message::user("F7 crucible replaced")]),
+        )
+        .await
+        .unwrap();
+    store
+        .commit(
+            &run.id,
             Commit {
-                messages: vec![
-                    Message::user("F7 crucible replaced"),
-                    Message::user("noted"),
-                ],
+                messages: vec![Message::user("noted")],
                 patch: Some(RunPatch {
                     status: Some(keel_protocol::RunStatus::Completed),
                     ..RunPatch::default()

@@ -88,8 +88,8 @@ fn open_writer(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)
         .map_err(|e| StoreError::Backend(format!("opening {}: {e}", path.display())))?;
     // Every commit writes each page it touched to the WAL whole. A tool
-    // turn touches about six (the run, its events, its messages, its call
-    // record, two indexes) and adds a few hundred bytes to most of them, so
+    // turn touches a few (the run, its events row with its messages and
+    // call records, the events' index) and adds hundreds of bytes to them, so
     // the WAL's bytes, their checksums and the checkpoints' copies scale
     // with the page size. It applies only when the file is created; a
     // database made with another size keeps it.

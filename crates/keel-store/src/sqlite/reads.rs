@@ -128,8 +128,9 @@ pub(super) fn events_after(
     Ok(events)
 }
 
-/// Earlier runs' messages first, then the run's own, each in insertion
-/// order; runs created after this one are not part of its history.
+/// Earlier runs' messages first, then the run's own, each in the order
+/// they were written; runs created after this one are not part of its
+/// history.
 pub(super) fn history(conn: &Connection, run_id: &str) -> Result<Vec<Message>, StoreError> {
     let (tenant, session, ord): (String, String, i64) = conn
         .prepare_cached("SELECT tenant, session, ord FROM runs WHERE id = ?1")
@@ -138,11 +139,22 @@ pub(super) fn history(conn: &Connection, run_id: &str) -> Result<Vec<Message>, S
         .optional()
         .map_err(db("reading run"))?
         .ok_or(StoreError::NotFound)?;
+    // The two places a commit's messages may be, in one order (migration
+    // 0012): events rows by id; rows of `messages` after the events row
+    // they name, or, written before there was one to name, before all.
     let mut stmt = conn
         .prepare_cached(
-            "SELECT m.body FROM messages m JOIN runs r ON r.id = m.run_id \
-             WHERE m.tenant = ?1 AND m.session = ?2 AND (r.ord < ?3 OR m.run_id = ?4) \
-             ORDER BY m.run_id = ?4, m.id",
+            "SELECT body FROM ( \
+               SELECT m.run_id AS run_id, m.body AS body, \
+                      coalesce(m.after_event, -1) AS place, 1 AS after, m.id AS n \
+               FROM messages m JOIN runs r ON r.id = m.run_id \
+               WHERE m.tenant = ?1 AND m.session = ?2 AND (r.ord < ?3 OR m.run_id = ?4) \
+             UNION ALL \
+               SELECT e.run_id, e.messages, e.id, 0, 0 \
+               FROM runs r JOIN events e ON e.run_id = r.id \
+               WHERE r.tenant = ?1 AND r.session = ?2 AND (r.ord < ?3 OR r.id = ?4) \
+                 AND e.messages IS NOT NULL \
+             ) ORDER BY run_id = ?4, place, after, n",
         )
         .map_err(db("preparing history query"))?;
     let mut rows = stmt
@@ -178,9 +190,17 @@ pub(super) fn with_their_runs(
     tenant: &str,
     session: &str,
 ) -> Result<Vec<(String, Message)>, StoreError> {
+    // In the order `history` gives them.
     let mut stmt = conn
         .prepare_cached(
-            "SELECT run_id, body FROM messages WHERE tenant = ?1 AND session = ?2 ORDER BY id",
+            "SELECT run_id, body FROM ( \
+               SELECT run_id, body, coalesce(after_event, -1) AS place, 1 AS after, id AS n \
+               FROM messages WHERE tenant = ?1 AND session = ?2 \
+             UNION ALL \
+               SELECT e.run_id, e.messages, e.id, 0, 0 \
+               FROM runs r JOIN events e ON e.run_id = r.id \
+               WHERE r.tenant = ?1 AND r.session = ?2 AND e.messages IS NOT NULL \
+             ) ORDER BY place, after, n",
         )
         .map_err(db("preparing session messages query"))?;
     let mut rows = stmt
@@ -195,9 +215,9 @@ pub(super) fn with_their_runs(
     Ok(messages)
 }
 
-/// Hands over the messages of one `messages` row in the order they were
-/// written: a commit's messages share a row, one per line
-/// (`writes::commit`), and rows of earlier versions hold one each.
+/// Hands over the messages of one commit in the order they were written:
+/// a commit's messages share a value, one per line (`writes::commit`), and
+/// rows of `messages` from earlier versions hold one each.
 fn for_each_message(body: ValueRef<'_>, mut each: impl FnMut(Message)) -> Result<(), StoreError> {
     let text = super::row_text::decode(body, "messages")?;
     for line in text.split('\n') {

@@ -1,6 +1,6 @@
-//! The `body` of an `events` or a `messages` row: one commit's events, or
-//! one commit's messages, one JSON object per line, stored LZ4-compressed
-//! when that makes it smaller.
+//! The `body` of an `events` or a `messages` row, and the `messages` of an
+//! `events` row: one commit's events, or one commit's messages, one JSON
+//! object per line, stored LZ4-compressed when that makes it smaller.
 //!
 //! A tool turn's events come to about 1.5 KB of text and its messages to
 //! about 600 bytes; with 2 KiB pages, a row per commit of either took much

@@ -115,18 +115,22 @@ pub(super) fn commit(
     run_id: &str,
     commit: Commit,
 ) -> Result<Vec<Event>, StoreError> {
-    let (tenant, session, last_seq, last_call): (String, String, i64, i64) = conn
-        .prepare_cached("SELECT tenant, session, last_seq, last_call FROM runs WHERE id = ?1")
+    let (last_seq, last_call): (i64, i64) = conn
+        .prepare_cached("SELECT last_seq, last_call FROM runs WHERE id = ?1")
         .map_err(db("preparing run lookup"))?
-        .query_row([run_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })
+        .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()
         .map_err(db("looking up run"))?
         .ok_or(StoreError::NotFound)?;
     let last_call = super::call_rows::last_place(last_call, &commit.calls)?;
-    // The records ride in the events row when there is one (schema v11).
+    // The records and the messages ride in the events row when there is
+    // one (schema v11 and v12).
     let mut calls_column = None;
+    let mut messages_column = if commit.messages.is_empty() {
+        None
+    } else {
+        Some(super::row_text::encode(message_lines(&commit.messages)?))
+    };
 
     let ts = keel_protocol::now();
     let ts_text = ts_to_sql(&ts);
@@ -145,8 +149,8 @@ pub(super) fn commit(
         }
         calls_column = super::call_rows::column(&commit.calls);
         conn.prepare_cached(
-            "INSERT INTO events (run_id, seq, last_seq, body, ts, calls) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO events (run_id, seq, last_seq, body, ts, calls, messages) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
         .map_err(db("preparing event insert"))?
         .execute(params![
@@ -156,24 +160,22 @@ pub(super) fn commit(
             super::row_text::encode(body),
             ts_text,
             calls_column,
+            messages_column.take(),
         ])
         .map_err(db("inserting events"))?;
     }
 
-    if !commit.messages.is_empty() {
-        // One row per commit too: its messages one per line, compressed
-        // when that shrinks them (`row_text`). A tool turn's two messages
-        // then take one entry of `messages_by_session` and one row, not two.
+    if let Some(body) = messages_column {
+        // No events row to ride in: a row of its own, placed after the
+        // newest events row so that reads keep the order they were written
+        // in (migration 0012).
         conn.prepare_cached(
-            "INSERT INTO messages (tenant, session, run_id, body) VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO messages (tenant, session, run_id, body, after_event) \
+             SELECT tenant, session, id, ?2, (SELECT max(id) FROM events) \
+             FROM runs WHERE id = ?1",
         )
         .map_err(db("preparing message insert"))?
-        .execute(params![
-            tenant,
-            session,
-            run_id,
-            super::row_text::encode(message_lines(&commit.messages)?),
-        ])
+        .execute(params![run_id, body])
         .map_err(db("inserting messages"))?;
     }
 
@@ -268,10 +270,34 @@ pub(super) fn archive_session(
         .map_err(db("preparing archived session insert"))?
         .execute(params![tenant, archived, ts_to_sql(&now)])
         .map_err(db("creating archived session"))?;
-    conn.prepare_cached("UPDATE messages SET session = ?3 WHERE tenant = ?1 AND session = ?2")
+    // The messages leave both their places (migration 0012) and become
+    // rows of `messages` under the archived key, one each, in their order.
+    conn.prepare_cached("DELETE FROM messages WHERE tenant = ?1 AND session = ?2")
         .map_err(db("preparing message archive"))?
-        .execute(params![tenant, session, archived])
+        .execute(params![tenant, session])
         .map_err(db("archiving messages"))?;
+    conn.prepare_cached(
+        "UPDATE events SET messages = NULL WHERE messages IS NOT NULL \
+         AND run_id IN (SELECT id FROM runs WHERE tenant = ?1 AND session = ?2)",
+    )
+    .map_err(db("preparing message archive"))?
+    .execute(params![tenant, session])
+    .map_err(db("archiving messages"))?;
+    let mut insert = conn
+        .prepare_cached(
+            "INSERT INTO messages (tenant, session, run_id, body) VALUES (?1, ?2, ?3, ?4)",
+        )
+        .map_err(db("preparing message archive"))?;
+    for (run_id, message) in &messages {
+        insert
+            .execute(params![
+                tenant,
+                archived,
+                run_id,
+                to_json(message, "message")?
+            ])
+            .map_err(db("archiving messages"))?;
+    }
     serde_json::to_value((archived, messages))
         .map_err(|e| StoreError::Backend(format!("encoding archived session: {e}")))
 }
