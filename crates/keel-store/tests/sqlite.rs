@@ -354,13 +354,7 @@ async fn a_version_5_database_keeps_its_messages_and_their_order() {
         )
         .await
         .unwrap();
-    let texts: Vec<String> = store
-        .history("run_old")
-        .await
-        .unwrap()
-        .iter()
-        .map(|m| serde_json::to_value(m).unwrap()["content"].to_string())
-        .collect();
+    let texts = contents(&store.history("run_old").await.unwrap());
     assert_eq!(
         texts,
         ["\"first\"", "\"second\"", "\"third\"", "\"fourth\""],
@@ -748,19 +742,7 @@ async fn a_turns_messages_ride_in_its_events_row_in_order_with_rows_of_their_own
 async fn a_version_11_database_keeps_its_messages_first_and_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keel.db");
-    let conn = database_at_version(&path, 11);
-    let usage = serde_json::to_string(&keel_protocol::Usage::default()).unwrap();
-    let principal = serde_json::to_string(&store_suite::new_run("t", "s").principal).unwrap();
-    conn.execute_batch("INSERT INTO sessions VALUES ('t', 's', '2026-11-01T00:00:00Z');")
-        .unwrap();
-    conn.execute(
-        "INSERT INTO runs (id, ord, tenant, session, agent, status, input, usage, metadata, \
-           state, principal, created_at, updated_at) \
-         VALUES ('run_old', 1, 't', 's', 'default', 'running', 'hi', ?1, '{}', 'null', ?2, \
-           '2026-11-01T00:00:00Z', '2026-11-01T00:00:00Z')",
-        rusqlite::params![usage, principal],
-    )
-    .unwrap();
+    let conn = database_with_a_running_run(&path, 11);
     let line = |text: &str| serde_json::to_string(&Message::user(text)).unwrap();
     for (seq, body) in [
         (1, format!("{}\n{}", line("first"), line("second"))),
@@ -797,13 +779,7 @@ async fn a_version_11_database_keeps_its_messages_first_and_in_order() {
         )
         .await
         .unwrap();
-    let texts: Vec<String> = store
-        .history("run_old")
-        .await
-        .unwrap()
-        .iter()
-        .map(|m| serde_json::to_value(m).unwrap()["content"].to_string())
-        .collect();
+    let texts = contents(&store.history("run_old").await.unwrap());
     assert_eq!(
         texts,
         [
@@ -829,19 +805,7 @@ async fn a_version_11_database_keeps_its_messages_first_and_in_order() {
 async fn a_version_10_database_keeps_its_call_records_and_their_places() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keel.db");
-    let conn = database_at_version(&path, 10);
-    let usage = serde_json::to_string(&keel_protocol::Usage::default()).unwrap();
-    let principal = serde_json::to_string(&store_suite::new_run("t", "s").principal).unwrap();
-    conn.execute_batch("INSERT INTO sessions VALUES ('t', 's', '2026-11-01T00:00:00Z');")
-        .unwrap();
-    conn.execute(
-        "INSERT INTO runs (id, ord, tenant, session, agent, status, input, usage, metadata, \
-           state, principal, created_at, updated_at) \
-         VALUES ('run_old', 1, 't', 's', 'default', 'running', 'hi', ?1, '{}', 'null', ?2, \
-           '2026-11-01T00:00:00Z', '2026-11-01T00:00:00Z')",
-        rusqlite::params![usage, principal],
-    )
-    .unwrap();
+    let conn = database_with_a_running_run(&path, 10);
     let call = |n: u64| keel_protocol::StoredCall {
         n,
         record: format!(r#"{{"tool":"lookup","call":"c{n}"}}"#),
@@ -1001,6 +965,33 @@ fn database_at_version(path: &std::path::Path, version: usize) -> rusqlite::Conn
     conn.pragma_update(None, "user_version", version as i64)
         .unwrap();
     conn
+}
+
+/// A database file at schema `version` holding one running run, `run_old`,
+/// of tenant `t` in session `s`.
+fn database_with_a_running_run(path: &std::path::Path, version: usize) -> rusqlite::Connection {
+    let conn = database_at_version(path, version);
+    let usage = serde_json::to_string(&keel_protocol::Usage::default()).unwrap();
+    let principal = serde_json::to_string(&store_suite::new_run("t", "s").principal).unwrap();
+    conn.execute_batch("INSERT INTO sessions VALUES ('t', 's', '2026-11-01T00:00:00Z');")
+        .unwrap();
+    conn.execute(
+        "INSERT INTO runs (id, ord, tenant, session, agent, status, input, usage, metadata, \
+           state, principal, created_at, updated_at) \
+         VALUES ('run_old', 1, 't', 's', 'default', 'running', 'hi', ?1, '{}', 'null', ?2, \
+           '2026-11-01T00:00:00Z', '2026-11-01T00:00:00Z')",
+        rusqlite::params![usage, principal],
+    )
+    .unwrap();
+    conn
+}
+
+/// Each message's `content`, as JSON.
+fn contents(messages: &[Message]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| serde_json::to_value(m).unwrap()["content"].to_string())
+        .collect()
 }
 
 /// A store in a temporary directory, with the database's path and one run.
