@@ -128,6 +128,38 @@ pub(super) fn events_after(
     Ok(events)
 }
 
+/// A session's messages from the two places a commit's messages may be,
+/// in one order (migration 0012): events rows by id; rows of `messages`
+/// after the events row they name, or, written before there was one to
+/// name, before all. `$runs` is a condition on each row's run `r`, and
+/// `$first` a term to order by before that order. Both queries that read
+/// messages are built from this one, so that they cannot disagree on it.
+/// Parameters: `?1` tenant, `?2` session; a query may add its own.
+macro_rules! session_messages {
+    ($runs:literal, $first:literal) => {
+        concat!(
+            "SELECT run_id, body FROM ( \
+               SELECT m.run_id AS run_id, m.body AS body, \
+                      coalesce(m.after_event, -1) AS place, 1 AS after, m.id AS n \
+               FROM messages m JOIN runs r ON r.id = m.run_id \
+               WHERE m.tenant = ?1 AND m.session = ?2 AND ",
+            $runs,
+            " UNION ALL \
+               SELECT e.run_id, e.messages, e.id, 0, 0 \
+               FROM runs r JOIN events e ON e.run_id = r.id \
+               WHERE r.tenant = ?1 AND r.session = ?2 AND e.messages IS NOT NULL AND ",
+            $runs,
+            " ) ORDER BY ",
+            $first,
+            "place, after, n"
+        )
+    };
+}
+
+/// `?3` the run's `ord`, `?4` its id: runs created before it, then its own.
+const HISTORY: &str = session_messages!("(r.ord < ?3 OR r.id = ?4)", "run_id = ?4, ");
+const WITH_THEIR_RUNS: &str = session_messages!("1", "");
+
 /// Earlier runs' messages first, then the run's own, each in the order
 /// they were written; runs created after this one are not part of its
 /// history.
@@ -139,30 +171,15 @@ pub(super) fn history(conn: &Connection, run_id: &str) -> Result<Vec<Message>, S
         .optional()
         .map_err(db("reading run"))?
         .ok_or(StoreError::NotFound)?;
-    // The two places a commit's messages may be, in one order (migration
-    // 0012): events rows by id; rows of `messages` after the events row
-    // they name, or, written before there was one to name, before all.
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT body FROM ( \
-               SELECT m.run_id AS run_id, m.body AS body, \
-                      coalesce(m.after_event, -1) AS place, 1 AS after, m.id AS n \
-               FROM messages m JOIN runs r ON r.id = m.run_id \
-               WHERE m.tenant = ?1 AND m.session = ?2 AND (r.ord < ?3 OR m.run_id = ?4) \
-             UNION ALL \
-               SELECT e.run_id, e.messages, e.id, 0, 0 \
-               FROM runs r JOIN events e ON e.run_id = r.id \
-               WHERE r.tenant = ?1 AND r.session = ?2 AND (r.ord < ?3 OR r.id = ?4) \
-                 AND e.messages IS NOT NULL \
-             ) ORDER BY run_id = ?4, place, after, n",
-        )
+        .prepare_cached(HISTORY)
         .map_err(db("preparing history query"))?;
     let mut rows = stmt
         .query(params![tenant, session, ord, run_id])
         .map_err(db("reading history"))?;
     let mut messages = Vec::new();
     while let Some(row) = rows.next().map_err(db("reading history"))? {
-        let body = row.get_ref(0).map_err(db("reading message"))?;
+        let body = row.get_ref(1).map_err(db("reading message"))?;
         for_each_message(body, |message| messages.push(message))?;
     }
     Ok(messages)
@@ -190,18 +207,8 @@ pub(super) fn with_their_runs(
     tenant: &str,
     session: &str,
 ) -> Result<Vec<(String, Message)>, StoreError> {
-    // In the order `history` gives them.
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT run_id, body FROM ( \
-               SELECT run_id, body, coalesce(after_event, -1) AS place, 1 AS after, id AS n \
-               FROM messages WHERE tenant = ?1 AND session = ?2 \
-             UNION ALL \
-               SELECT e.run_id, e.messages, e.id, 0, 0 \
-               FROM runs r JOIN events e ON e.run_id = r.id \
-               WHERE r.tenant = ?1 AND r.session = ?2 AND e.messages IS NOT NULL \
-             ) ORDER BY place, after, n",
-        )
+        .prepare_cached(WITH_THEIR_RUNS)
         .map_err(db("preparing session messages query"))?;
     let mut rows = stmt
         .query(params![tenant, session])
