@@ -658,6 +658,17 @@ async fn a_turns_messages_ride_in_its_events_row_in_order_with_rows_of_their_own
         .map(Result::unwrap)
         .collect();
     assert_eq!(kinds, ["blob", "blob"], "both tool turns, compressed");
+    let prefixes: Vec<Vec<u8>> = conn
+        .prepare("SELECT substr(messages, 1, 4) FROM events WHERE run_id = ?1 ORDER BY id")
+        .unwrap()
+        .query_map([&run.id], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        prefixes.iter().all(|p| p[3] & 0x80 != 0),
+        "compressed against their events rows' text (schema v13): {prefixes:?}"
+    );
     let rows: i64 = conn
         .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
         .unwrap();
@@ -796,6 +807,71 @@ async fn a_version_11_database_keeps_its_messages_first_and_in_order() {
         [1, 2, 3],
         "the old events rows read as before"
     );
+}
+
+/// Messages a version 12 database keeps in its events rows, compressed
+/// on their own or as text, read as before beside the ones compressed
+/// against their events since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_12_database_reads_its_messages_as_they_were_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let conn = database_with_a_running_run(&path, 12);
+    let line = |text: &str| serde_json::to_string(&Message::user(text)).unwrap();
+    let packed = lz4_flex::block::compress_prepend_size(
+        format!("{}\n{}", line(&"first ".repeat(100)), line("second")).as_bytes(),
+    );
+    for (seq, messages) in [
+        (1, rusqlite::types::Value::Blob(packed)),
+        (2, rusqlite::types::Value::Text(line("third"))),
+    ] {
+        conn.execute(
+            "INSERT INTO events (run_id, seq, last_seq, body, ts, messages) \
+             VALUES ('run_old', ?1, ?1, ?2, '2026-11-01T00:00:00Z', ?3)",
+            rusqlite::params![
+                seq,
+                format!(r#"{{"run_id":"run_old","seq":{seq},"ts":"2026-11-01T00:00:00Z","type":"message_delta","text":"t"}}"#),
+                messages
+            ],
+        )
+        .unwrap();
+    }
+    conn.execute("UPDATE runs SET last_seq = 2 WHERE id = 'run_old'", [])
+        .unwrap();
+    drop(conn);
+
+    let store = SqliteStore::open(&path).unwrap();
+    let long = "turn 3 ".repeat(100);
+    store
+        .commit(
+            "run_old",
+            Commit {
+                events: vec![EventKind::MessageDelta { text: long.clone() }],
+                messages: vec![Message::user(&long)],
+                ..Commit::default()
+            },
+        )
+        .await
+        .unwrap();
+    let texts = contents(&store.history("run_old").await.unwrap());
+    assert_eq!(
+        texts,
+        [
+            format!("{:?}", "first ".repeat(100)),
+            "\"second\"".to_owned(),
+            "\"third\"".to_owned(),
+            format!("{long:?}"),
+        ]
+    );
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let newest: Vec<u8> = conn
+        .query_row(
+            "SELECT messages FROM events ORDER BY id DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_ne!(newest[3] & 0x80, 0, "the new row's, against its events");
 }
 
 /// Call records a version 10 database keeps in `run_calls` stay readable
@@ -945,7 +1021,7 @@ async fn a_version_9_database_keeps_its_unfinished_runs() {
 
 /// A database file at schema `version`, as a build of that version left it.
 fn database_at_version(path: &std::path::Path, version: usize) -> rusqlite::Connection {
-    const MIGRATIONS: [&str; 11] = [
+    const MIGRATIONS: [&str; 12] = [
         include_str!("../migrations/sqlite/0001_init.sql"),
         include_str!("../migrations/sqlite/0002_approvals.sql"),
         include_str!("../migrations/sqlite/0003_leases.sql"),
@@ -957,6 +1033,7 @@ fn database_at_version(path: &std::path::Path, version: usize) -> rusqlite::Conn
         include_str!("../migrations/sqlite/0009_event_batches.sql"),
         include_str!("../migrations/sqlite/0010_unfinished_without_in_list.sql"),
         include_str!("../migrations/sqlite/0011_rows_per_commit.sql"),
+        include_str!("../migrations/sqlite/0012_messages_in_events.sql"),
     ];
     let conn = rusqlite::Connection::open(path).unwrap();
     for sql in &MIGRATIONS[..version] {

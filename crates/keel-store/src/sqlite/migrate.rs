@@ -23,6 +23,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0010_unfinished_without_in_list.sql"),
     include_str!("../../migrations/sqlite/0011_rows_per_commit.sql"),
     include_str!("../../migrations/sqlite/0012_messages_in_events.sql"),
+    include_str!("../../migrations/sqlite/0013_messages_against_events.sql"),
 ];
 
 /// The schema version this build writes.

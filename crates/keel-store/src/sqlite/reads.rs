@@ -134,18 +134,20 @@ pub(super) fn events_after(
 /// name, before all. `$runs` is a condition on each row's run `r`, and
 /// `$first` a term to order by before that order. Both queries that read
 /// messages are built from this one, so that they cannot disagree on it.
-/// Parameters: `?1` tenant, `?2` session; a query may add its own.
+/// Parameters: `?1` tenant, `?2` session; a query may add its own. Each
+/// row: the run, the messages' value and, for an events row, its events
+/// (the dictionary its messages may be compressed against, `row_text`).
 macro_rules! session_messages {
     ($runs:literal, $first:literal) => {
         concat!(
-            "SELECT run_id, body FROM ( \
-               SELECT m.run_id AS run_id, m.body AS body, \
+            "SELECT run_id, body, events FROM ( \
+               SELECT m.run_id AS run_id, m.body AS body, NULL AS events, \
                       coalesce(m.after_event, -1) AS place, 1 AS after, m.id AS n \
                FROM messages m JOIN runs r ON r.id = m.run_id \
                WHERE m.tenant = ?1 AND m.session = ?2 AND ",
             $runs,
             " UNION ALL \
-               SELECT e.run_id, e.messages, e.id, 0, 0 \
+               SELECT e.run_id, e.messages, e.body, e.id, 0, 0 \
                FROM runs r JOIN events e ON e.run_id = r.id \
                WHERE r.tenant = ?1 AND r.session = ?2 AND e.messages IS NOT NULL AND ",
             $runs,
@@ -180,7 +182,8 @@ pub(super) fn history(conn: &Connection, run_id: &str) -> Result<Vec<Message>, S
     let mut messages = Vec::new();
     while let Some(row) = rows.next().map_err(db("reading history"))? {
         let body = row.get_ref(1).map_err(db("reading message"))?;
-        for_each_message(body, |message| messages.push(message))?;
+        let events = row.get_ref(2).map_err(db("reading message"))?;
+        for_each_message(body, events, |message| messages.push(message))?;
     }
     Ok(messages)
 }
@@ -217,16 +220,24 @@ pub(super) fn with_their_runs(
     while let Some(row) = rows.next().map_err(db("reading session messages"))? {
         let run_id: String = row.get(0).map_err(db("reading message"))?;
         let body = row.get_ref(1).map_err(db("reading message"))?;
-        for_each_message(body, |message| messages.push((run_id.clone(), message)))?;
+        let events = row.get_ref(2).map_err(db("reading message"))?;
+        for_each_message(body, events, |message| {
+            messages.push((run_id.clone(), message));
+        })?;
     }
     Ok(messages)
 }
 
 /// Hands over the messages of one commit in the order they were written:
 /// a commit's messages share a value, one per line (`writes::commit`), and
-/// rows of `messages` from earlier versions hold one each.
-fn for_each_message(body: ValueRef<'_>, mut each: impl FnMut(Message)) -> Result<(), StoreError> {
-    let text = super::row_text::decode(body, "messages")?;
+/// rows of `messages` from earlier versions hold one each. `events` is the
+/// events row's own events text, when the messages are in one.
+fn for_each_message(
+    body: ValueRef<'_>,
+    events: ValueRef<'_>,
+    mut each: impl FnMut(Message),
+) -> Result<(), StoreError> {
+    let text = super::row_text::decode_against(body, events)?;
     for line in text.split('\n') {
         each(from_json(line, "message")?);
     }

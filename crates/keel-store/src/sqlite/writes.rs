@@ -124,12 +124,13 @@ pub(super) fn commit(
         .ok_or(StoreError::NotFound)?;
     let last_call = super::call_rows::last_place(last_call, &commit.calls)?;
     // The records and the messages ride in the events row when there is
-    // one (schema v11 and v12).
+    // one (schema v11 and v12), the messages compressed against its events
+    // (v13, `row_text`).
     let mut calls_column = None;
-    let mut messages_column = if commit.messages.is_empty() {
+    let mut messages_text = if commit.messages.is_empty() {
         None
     } else {
-        Some(super::row_text::encode(message_lines(&commit.messages)?))
+        Some(message_lines(&commit.messages)?)
     };
 
     let ts = keel_protocol::now();
@@ -148,6 +149,9 @@ pub(super) fn commit(
             body.push_str(event.json().map_err(crate::numbering::event_encoding)?);
         }
         calls_column = super::call_rows::column(&commit.calls);
+        let messages_column = messages_text
+            .take()
+            .map(|text| super::row_text::encode_against(text, &body));
         conn.prepare_cached(
             "INSERT INTO events (run_id, seq, last_seq, body, ts, calls, messages) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -160,15 +164,16 @@ pub(super) fn commit(
             super::row_text::encode(body),
             ts_text,
             calls_column,
-            messages_column.take(),
+            messages_column,
         ])
         .map_err(db("inserting events"))?;
     }
 
-    if let Some(body) = messages_column {
+    if let Some(text) = messages_text {
         // No events row to ride in: a row of its own, placed after the
         // newest events row so that reads keep the order they were written
         // in (migration 0012).
+        let body = super::row_text::encode(text);
         conn.prepare_cached(
             "INSERT INTO messages (tenant, session, run_id, body, after_event) \
              SELECT tenant, session, id, ?2, (SELECT max(id) FROM events) \

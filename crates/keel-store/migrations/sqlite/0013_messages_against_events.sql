@@ -1,0 +1,17 @@
+-- keel schema v13 (SQLite): an events row's messages compressed against
+-- its events.
+--
+-- A commit's messages repeat much of its events' text: the tool's output
+-- is in both its `tool_result` event and its tool message, and the call's
+-- id and arguments in its plan, its call and the assistant message. Since
+-- this version, the `messages` column of an events row may hold its
+-- messages compressed with LZ4, with the row's own events text (`body`,
+-- uncompressed) as the dictionary; the value's 4-byte size prefix then has
+-- its top bit set. A tool turn's row comes to about 900 bytes instead of
+-- 1,250, so two share a 2 KiB leaf and every other commit adds no page.
+--
+-- Rows written before keep their values and read as before: their size
+-- prefixes never have that bit set (a row's text is bounded far below
+-- 2 GiB). No table changes; the version moves so that an earlier build,
+-- which would take the flagged size for a damaged row, refuses the file
+-- instead.
