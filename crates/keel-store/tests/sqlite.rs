@@ -344,17 +344,7 @@ async fn a_version_5_database_keeps_its_messages_and_their_order() {
     drop(conn);
 
     let store = SqliteStore::open(&path).unwrap();
-    store
-        .commit(
-            "run_old",
-            Commit {
-                messages: vec![Message::user("fourth")],
-                ..Commit::default()
-            },
-        )
-        .await
-        .unwrap();
-    let texts = contents(&store.history("run_old").await.unwrap());
+    let texts = old_runs_history_after(&store, [said("fourth")]).await;
     assert_eq!(
         texts,
         ["\"first\"", "\"second\"", "\"third\"", "\"fourth\""],
@@ -635,10 +625,6 @@ async fn a_turns_messages_ride_in_its_events_row_in_order_with_rows_of_their_own
         ],
         ..Commit::default()
     };
-    let said = |text: &str| Commit {
-        messages: vec![Message::user(text)],
-        ..Commit::default()
-    };
     store.commit(&run.id, tool_turn(1)).await.unwrap();
     // Another run of the session writes between this run's turns.
     let (other, _) = store
@@ -650,24 +636,19 @@ async fn a_turns_messages_ride_in_its_events_row_in_order_with_rows_of_their_own
     store.commit(&run.id, tool_turn(2)).await.unwrap();
 
     let conn = rusqlite::Connection::open(&path).unwrap();
-    let kinds: Vec<String> = conn
-        .prepare("SELECT typeof(messages) FROM events WHERE run_id = ?1 ORDER BY id")
-        .unwrap()
-        .query_map([&run.id], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    assert_eq!(kinds, ["blob", "blob"], "both tool turns, compressed");
-    let prefixes: Vec<Vec<u8>> = conn
-        .prepare("SELECT substr(messages, 1, 4) FROM events WHERE run_id = ?1 ORDER BY id")
+    let stored: Vec<rusqlite::types::Value> = conn
+        .prepare("SELECT messages FROM events WHERE run_id = ?1 ORDER BY id")
         .unwrap()
         .query_map([&run.id], |r| r.get(0))
         .unwrap()
         .map(Result::unwrap)
         .collect();
     assert!(
-        prefixes.iter().all(|p| p[3] & 0x80 != 0),
-        "compressed against their events rows' text (schema v13): {prefixes:?}"
+        stored.len() == 2
+            && stored.iter().all(
+                |v| matches!(v, rusqlite::types::Value::Blob(b) if b.len() > 4 && b[3] & 0x80 != 0)
+            ),
+        "both tool turns, compressed against their events rows' text (schema v13): {stored:?}"
     );
     let rows: i64 = conn
         .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
@@ -779,18 +760,7 @@ async fn a_version_11_database_keeps_its_messages_first_and_in_order() {
     drop(conn);
 
     let store = SqliteStore::open(&path).unwrap();
-    store.commit("run_old", turn(4, None)).await.unwrap();
-    store
-        .commit(
-            "run_old",
-            Commit {
-                messages: vec![Message::user("turn 5")],
-                ..Commit::default()
-            },
-        )
-        .await
-        .unwrap();
-    let texts = contents(&store.history("run_old").await.unwrap());
+    let texts = old_runs_history_after(&store, [turn(4, None), said("turn 5")]).await;
     assert_eq!(
         texts,
         [
@@ -842,18 +812,11 @@ async fn a_version_12_database_reads_its_messages_as_they_were_stored() {
 
     let store = SqliteStore::open(&path).unwrap();
     let long = "turn 3 ".repeat(100);
-    store
-        .commit(
-            "run_old",
-            Commit {
-                events: vec![EventKind::MessageDelta { text: long.clone() }],
-                messages: vec![Message::user(&long)],
-                ..Commit::default()
-            },
-        )
-        .await
-        .unwrap();
-    let texts = contents(&store.history("run_old").await.unwrap());
+    let tool_turn = Commit {
+        events: vec![EventKind::MessageDelta { text: long.clone() }],
+        ..said(&long)
+    };
+    let texts = old_runs_history_after(&store, [tool_turn]).await;
     assert_eq!(
         texts,
         [
@@ -1061,6 +1024,26 @@ fn database_with_a_running_run(path: &std::path::Path, version: usize) -> rusqli
     )
     .unwrap();
     conn
+}
+
+/// A commit of one message from the user.
+fn said(text: &str) -> Commit {
+    Commit {
+        messages: vec![Message::user(text)],
+        ..Commit::default()
+    }
+}
+
+/// Makes `commits` to the old database's run, then reads its history's
+/// contents (`contents`).
+async fn old_runs_history_after<const N: usize>(
+    store: &SqliteStore,
+    commits: [Commit; N],
+) -> Vec<String> {
+    for commit in commits {
+        store.commit("run_old", commit).await.unwrap();
+    }
+    contents(&store.history("run_old").await.unwrap())
 }
 
 /// Each message's `content`, as JSON.
