@@ -68,11 +68,15 @@ pub(super) fn encode_against(text: String, events: &str) -> Value {
             .ok()
             .filter(|n| *n < AGAINST_EVENTS)
         {
-            let block = lz4_flex::block::compress_with_dict(text.as_bytes(), events.as_bytes());
-            if block.len() + 4 < text.len() {
-                let mut packed = Vec::with_capacity(block.len() + 4);
-                packed.extend_from_slice(&(size | AGAINST_EVENTS).to_le_bytes());
-                packed.extend_from_slice(&block);
+            let mut packed = vec![0; 4 + lz4_flex::block::get_maximum_output_size(text.len())];
+            packed[..4].copy_from_slice(&(size | AGAINST_EVENTS).to_le_bytes());
+            if let Ok(written) = lz4_flex::block::compress_into_with_dict(
+                text.as_bytes(),
+                &mut packed[4..],
+                events.as_bytes(),
+            ) && 4 + written < text.len()
+            {
+                packed.truncate(4 + written);
                 return Value::Blob(packed);
             }
         }
@@ -96,24 +100,12 @@ pub(super) fn decode_against<'a>(
     else {
         return decode(body, "messages");
     };
-    let len = usize::try_from(size & !AGAINST_EVENTS).unwrap_or(usize::MAX);
-    if len > MAX_TEXT {
-        return Err(damaged(
-            "messages",
-            format!("it claims {len} bytes of text, more than the {MAX_TEXT} a row may hold"),
-        ));
-    }
+    let len = bounded(
+        usize::try_from(size & !AGAINST_EVENTS).unwrap_or(usize::MAX),
+        "messages",
+    )?;
     let dictionary = decode(events, "events")?;
-    let text = lz4_flex::block::decompress_with_dict(&packed[4..], len, dictionary.as_bytes())
-        .map_err(|e| {
-            damaged(
-                "messages",
-                format!("its compressed form is unreadable: {e}"),
-            )
-        })?;
-    String::from_utf8(text)
-        .map(Cow::Owned)
-        .map_err(|e| damaged("messages", format!("its text is not UTF-8: {e}")))
+    expand(&packed[4..], len, dictionary.as_bytes(), "messages").map(Cow::Owned)
 }
 
 /// The text of a stored body, text or compressed; `what` names the table
@@ -123,9 +115,11 @@ pub(super) fn decode<'a>(body: ValueRef<'a>, what: &str) -> Result<Cow<'a, str>,
         ValueRef::Text(bytes) => std::str::from_utf8(bytes)
             .map(Cow::Borrowed)
             .map_err(|e| damaged(what, format!("its text is not UTF-8: {e}"))),
-        ValueRef::Blob(packed) => String::from_utf8(unpack(packed, what)?)
-            .map(Cow::Owned)
-            .map_err(|e| damaged(what, format!("its text is not UTF-8: {e}"))),
+        ValueRef::Blob(packed) => {
+            let (len, block) =
+                lz4_flex::block::uncompressed_size(packed).map_err(|e| unreadable(what, &e))?;
+            expand(block, bounded(len, what)?, &[], what).map(Cow::Owned)
+        }
         other => Err(damaged(
             what,
             format!(
@@ -136,18 +130,32 @@ pub(super) fn decode<'a>(body: ValueRef<'a>, what: &str) -> Result<Cow<'a, str>,
     }
 }
 
-/// The bytes of a compressed body: its size prefix read and bounded first,
-/// then the block expanded to that size.
-fn unpack(packed: &[u8], what: &str) -> Result<Vec<u8>, StoreError> {
-    let unreadable = |e| damaged(what, format!("its compressed form is unreadable: {e}"));
-    let (len, block) = lz4_flex::block::uncompressed_size(packed).map_err(unreadable)?;
+/// `len`, the size a compressed value claims, if a row may hold that much:
+/// checked before anything is allocated for it.
+fn bounded(len: usize, what: &str) -> Result<usize, StoreError> {
     if len > MAX_TEXT {
         return Err(damaged(
             what,
             format!("it claims {len} bytes of text, more than the {MAX_TEXT} a row may hold"),
         ));
     }
-    lz4_flex::block::decompress(block, len).map_err(unreadable)
+    Ok(len)
+}
+
+/// The text of an LZ4 block of `len` bytes, compressed with `dictionary`
+/// (empty: none).
+fn expand(block: &[u8], len: usize, dictionary: &[u8], what: &str) -> Result<String, StoreError> {
+    let bytes = if dictionary.is_empty() {
+        lz4_flex::block::decompress(block, len)
+    } else {
+        lz4_flex::block::decompress_with_dict(block, len, dictionary)
+    }
+    .map_err(|e| unreadable(what, &e))?;
+    String::from_utf8(bytes).map_err(|e| damaged(what, format!("its text is not UTF-8: {e}")))
+}
+
+fn unreadable(what: &str, e: &dyn std::fmt::Display) -> StoreError {
+    damaged(what, format!("its compressed form is unreadable: {e}"))
 }
 
 fn damaged(what: &str, why: String) -> StoreError {
