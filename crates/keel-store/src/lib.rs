@@ -6,12 +6,14 @@
 //! conformance suite (`keel_test_support::store_suite`). The schema is
 //! versioned by SQL files under `migrations/<backend>/`, one dialect each.
 
+mod background;
 mod node;
 mod numbering;
 mod open;
 mod postgres;
 mod sqlite;
 
+pub use background::yield_when_woken;
 pub use node::{NodeSettings, migrate, open_node};
 pub use open::open;
 pub use postgres::{PgNode, PostgresStore};

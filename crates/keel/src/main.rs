@@ -277,7 +277,11 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, String> {
     };
     let mut builder = if workers == 1 {
         tracing::info!("async runtime: one thread (current-thread scheduler)");
-        tokio::runtime::Builder::new_current_thread()
+        let mut builder = tokio::runtime::Builder::new_current_thread();
+        // Every thread this runtime starts is its blocking pool's (the
+        // store's reads): none preempts the runtime's thread when woken.
+        builder.on_thread_start(keel_store::yield_when_woken);
+        builder
     } else {
         tracing::info!(workers, "async runtime: work-stealing scheduler");
         let mut builder = tokio::runtime::Builder::new_multi_thread();

@@ -73,6 +73,7 @@ pub(super) fn spawn(path: PathBuf, busy: Duration) -> Result<(Nudge, JoinHandle<
 }
 
 fn run(conn: &Connection, requests: &mpsc::Receiver<()>) {
+    crate::yield_when_woken();
     let mut due = false;
     loop {
         if !due {

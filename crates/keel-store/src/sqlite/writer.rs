@@ -281,6 +281,8 @@ fn stopped() -> StoreError {
 }
 
 fn run(conn: &Mutex<Connection>, mut rx: mpsc::Receiver<WriteOp>, nudge: &Nudge) {
+    // Woken by the first commit queued, it lets the runtime queue the rest.
+    crate::yield_when_woken();
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.blocking_recv_many(&mut batch, MAX_BATCH) > 0 {
         apply_batch(&lock(conn), batch.drain(..));
